@@ -1,0 +1,416 @@
+//! The one name table of the `glm-dsa` architecture: every GGUF tensor (llama.cpp's names), the
+//! Hugging Face transformers parameter it becomes (`GlmMoeDsaForCausalLM`), and the vLLM parameter
+//! (`deepseek_v2.py`) that holds it, with roles, symbolic shapes and tensor-parallel styles.
+//! Nothing else in glmcheck spells a tensor name.
+//!
+//! Templates use `{L}` for the layer index.
+
+use serde::Serialize;
+
+use super::config::Config;
+
+/// A symbolic dimension, resolved against a [`Config`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dim {
+    Hidden,
+    Vocab,
+    QLora,
+    KvLora,
+    Heads,
+    /// qk_nope_head_dim
+    Nope,
+    /// v_head_dim
+    V,
+    /// kv_lora_rank + qk_rope_head_dim (kv_a_proj_with_mqa's output)
+    KvA,
+    /// heads · (nope + rope): q_b_proj's output
+    HeadsQk,
+    /// heads · (nope + v): kv_b_proj's output
+    HeadsKv,
+    /// heads · v: o_proj's input
+    HeadsV,
+    IdxHeads,
+    IdxDim,
+    /// index_n_heads · index_head_dim
+    IdxQ,
+    Inter,
+    MoeInter,
+    /// 2 · moe_intermediate_size (fused gate+up of the routed experts)
+    MoeInter2,
+    /// moe_intermediate_size · n_shared_experts
+    SharedInter,
+    Experts,
+}
+
+impl Dim {
+    pub fn resolve(self, c: &Config) -> usize {
+        match self {
+            Dim::Hidden => c.hidden_size,
+            Dim::Vocab => c.vocab_size,
+            Dim::QLora => c.q_lora_rank,
+            Dim::KvLora => c.kv_lora_rank,
+            Dim::Heads => c.num_attention_heads,
+            Dim::Nope => c.qk_nope_head_dim,
+            Dim::V => c.v_head_dim,
+            Dim::KvA => c.kv_lora_rank + c.qk_rope_head_dim,
+            Dim::HeadsQk => c.num_attention_heads * c.qk_head_dim(),
+            Dim::HeadsKv => c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim),
+            Dim::HeadsV => c.num_attention_heads * c.v_head_dim,
+            Dim::IdxHeads => c.index_n_heads,
+            Dim::IdxDim => c.index_head_dim,
+            Dim::IdxQ => c.index_n_heads * c.index_head_dim,
+            Dim::Inter => c.intermediate_size,
+            Dim::MoeInter => c.moe_intermediate_size,
+            Dim::MoeInter2 => 2 * c.moe_intermediate_size,
+            Dim::SharedInter => c.moe_intermediate_size * c.n_shared_experts,
+            Dim::Experts => c.n_routed_experts,
+        }
+    }
+}
+
+pub fn resolve(shape: &[Dim], c: &Config) -> Vec<usize> {
+    shape.iter().map(|d| d.resolve(c)).collect()
+}
+
+/// Which layers a tensor exists in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// Not per layer (embedding, final norm, lm_head).
+    Global,
+    /// Every decoder layer.
+    Layer,
+    /// Layers below `first_k_dense_replace`.
+    Dense,
+    /// Layers from `first_k_dense_replace` on.
+    Moe,
+}
+
+impl Scope {
+    pub fn has_layer(self, c: &Config, l: usize) -> bool {
+        match self {
+            Scope::Global => false,
+            Scope::Layer => true,
+            Scope::Dense => !c.is_moe_layer(l),
+            Scope::Moe => c.is_moe_layer(l),
+        }
+    }
+}
+
+/// How the HF tensor is rebuilt from its GGUF source(s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rebuild {
+    /// One GGUF tensor; the HF shape is its `ne` reversed.
+    Direct,
+    /// kv_b_proj from `attn_k_b` [H, kv_lora, nope] (k_b transposed) and `attn_v_b` [H, v, kv_lora]:
+    /// `cat([k_b.transpose(1, 2), v_b], dim=1).reshape(H·(nope+v), kv_lora)`.
+    KvB,
+    /// Fused experts `gate_up_proj` [E, 2I, H] = cat([gate_exps, up_exps], dim=1).
+    ExpertsGateUp,
+}
+
+/// What a tensor is, for reports and for the shard plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Embedding,
+    Norm,
+    NormBias,
+    AttnQA,
+    AttnQB,
+    AttnKvA,
+    AttnKvB,
+    AttnOut,
+    IndexerQB,
+    IndexerK,
+    IndexerWeights,
+    FfnGate,
+    FfnUp,
+    FfnDown,
+    Router,
+    RouterBias,
+    ExpertsGateUp,
+    ExpertsDown,
+    SharedGate,
+    SharedUp,
+    SharedDown,
+    LmHead,
+}
+
+/// One GGUF source tensor: name template and PyTorch-order symbolic shape.
+#[derive(Debug, Clone, Copy)]
+pub struct GgufSrc {
+    pub name: &'static str,
+    pub shape: &'static [Dim],
+}
+
+/// One Hugging Face parameter and where it comes from in the GGUF.
+#[derive(Debug, Clone, Copy)]
+pub struct HfDef {
+    pub hf: &'static str,
+    pub role: Role,
+    pub scope: Scope,
+    pub shape: &'static [Dim],
+    pub rebuild: Rebuild,
+    pub gguf: &'static [GgufSrc],
+}
+
+/// vLLM's tensor-parallel style for a parameter (from `deepseek_v2.py` / `linear.py`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TpStyle {
+    Replicated,
+    /// Output rows cut (ColumnParallelLinear).
+    Column,
+    /// Input columns cut (RowParallelLinear).
+    Row,
+    /// MergedColumnParallelLinear: each part's rows cut, then concatenated.
+    MergedColumn,
+    /// FusedMoE w13 [E, 2I, H]: gate rows r then up rows r.
+    MoeW13,
+    /// FusedMoE w2 [E, H, I]: input columns cut.
+    MoeW2,
+    /// VocabParallelEmbedding / ParallelLMHead: vocab padded to ×64, contiguous rows per rank.
+    Vocab,
+}
+
+/// One vLLM parameter: the HF parameters it concatenates (along `cat_dim`), and its TP style.
+#[derive(Debug, Clone, Copy)]
+pub struct VllmDef {
+    pub vllm: &'static str,
+    pub parts: &'static [&'static str],
+    pub cat_dim: usize,
+    pub style: TpStyle,
+    pub scope: Scope,
+}
+
+use Dim::*;
+
+const fn src(name: &'static str, shape: &'static [Dim]) -> GgufSrc {
+    GgufSrc { name, shape }
+}
+
+const fn direct(
+    hf: &'static str,
+    role: Role,
+    scope: Scope,
+    shape: &'static [Dim],
+    gguf: &'static [GgufSrc],
+) -> HfDef {
+    HfDef {
+        hf,
+        role,
+        scope,
+        shape,
+        rebuild: Rebuild::Direct,
+        gguf,
+    }
+}
+
+/// Every HF parameter of `GlmMoeDsaForCausalLM` and its GGUF source(s).
+pub const HF_TABLE: &[HfDef] = &[
+    direct("model.embed_tokens.weight", Role::Embedding, Scope::Global, &[Vocab, Hidden], &[src("token_embd.weight", &[Vocab, Hidden])]),
+    direct("model.norm.weight", Role::Norm, Scope::Global, &[Hidden], &[src("output_norm.weight", &[Hidden])]),
+    direct("lm_head.weight", Role::LmHead, Scope::Global, &[Vocab, Hidden], &[src("output.weight", &[Vocab, Hidden])]),
+    direct("model.layers.{L}.input_layernorm.weight", Role::Norm, Scope::Layer, &[Hidden], &[src("blk.{L}.attn_norm.weight", &[Hidden])]),
+    direct("model.layers.{L}.post_attention_layernorm.weight", Role::Norm, Scope::Layer, &[Hidden], &[src("blk.{L}.ffn_norm.weight", &[Hidden])]),
+    direct("model.layers.{L}.self_attn.q_a_proj.weight", Role::AttnQA, Scope::Layer, &[QLora, Hidden], &[src("blk.{L}.attn_q_a.weight", &[QLora, Hidden])]),
+    direct("model.layers.{L}.self_attn.q_a_layernorm.weight", Role::Norm, Scope::Layer, &[QLora], &[src("blk.{L}.attn_q_a_norm.weight", &[QLora])]),
+    direct("model.layers.{L}.self_attn.q_b_proj.weight", Role::AttnQB, Scope::Layer, &[HeadsQk, QLora], &[src("blk.{L}.attn_q_b.weight", &[HeadsQk, QLora])]),
+    direct("model.layers.{L}.self_attn.kv_a_proj_with_mqa.weight", Role::AttnKvA, Scope::Layer, &[KvA, Hidden], &[src("blk.{L}.attn_kv_a_mqa.weight", &[KvA, Hidden])]),
+    direct("model.layers.{L}.self_attn.kv_a_layernorm.weight", Role::Norm, Scope::Layer, &[KvLora], &[src("blk.{L}.attn_kv_a_norm.weight", &[KvLora])]),
+    HfDef {
+        hf: "model.layers.{L}.self_attn.kv_b_proj.weight",
+        role: Role::AttnKvB,
+        scope: Scope::Layer,
+        shape: &[HeadsKv, KvLora],
+        rebuild: Rebuild::KvB,
+        gguf: &[src("blk.{L}.attn_k_b.weight", &[Heads, KvLora, Nope]), src("blk.{L}.attn_v_b.weight", &[Heads, V, KvLora])],
+    },
+    direct("model.layers.{L}.self_attn.o_proj.weight", Role::AttnOut, Scope::Layer, &[Hidden, HeadsV], &[src("blk.{L}.attn_output.weight", &[Hidden, HeadsV])]),
+    direct("model.layers.{L}.self_attn.indexer.wq_b.weight", Role::IndexerQB, Scope::Layer, &[IdxQ, QLora], &[src("blk.{L}.indexer.attn_q_b.weight", &[IdxQ, QLora])]),
+    direct("model.layers.{L}.self_attn.indexer.wk.weight", Role::IndexerK, Scope::Layer, &[IdxDim, Hidden], &[src("blk.{L}.indexer.attn_k.weight", &[IdxDim, Hidden])]),
+    direct("model.layers.{L}.self_attn.indexer.k_norm.weight", Role::Norm, Scope::Layer, &[IdxDim], &[src("blk.{L}.indexer.k_norm.weight", &[IdxDim])]),
+    direct("model.layers.{L}.self_attn.indexer.k_norm.bias", Role::NormBias, Scope::Layer, &[IdxDim], &[src("blk.{L}.indexer.k_norm.bias", &[IdxDim])]),
+    direct("model.layers.{L}.self_attn.indexer.weights_proj.weight", Role::IndexerWeights, Scope::Layer, &[IdxHeads, Hidden], &[src("blk.{L}.indexer.proj.weight", &[IdxHeads, Hidden])]),
+    direct("model.layers.{L}.mlp.gate_proj.weight", Role::FfnGate, Scope::Dense, &[Inter, Hidden], &[src("blk.{L}.ffn_gate.weight", &[Inter, Hidden])]),
+    direct("model.layers.{L}.mlp.up_proj.weight", Role::FfnUp, Scope::Dense, &[Inter, Hidden], &[src("blk.{L}.ffn_up.weight", &[Inter, Hidden])]),
+    direct("model.layers.{L}.mlp.down_proj.weight", Role::FfnDown, Scope::Dense, &[Hidden, Inter], &[src("blk.{L}.ffn_down.weight", &[Hidden, Inter])]),
+    direct("model.layers.{L}.mlp.gate.weight", Role::Router, Scope::Moe, &[Experts, Hidden], &[src("blk.{L}.ffn_gate_inp.weight", &[Experts, Hidden])]),
+    direct("model.layers.{L}.mlp.gate.e_score_correction_bias", Role::RouterBias, Scope::Moe, &[Experts], &[src("blk.{L}.exp_probs_b.bias", &[Experts])]),
+    HfDef {
+        hf: "model.layers.{L}.mlp.experts.gate_up_proj",
+        role: Role::ExpertsGateUp,
+        scope: Scope::Moe,
+        shape: &[Experts, MoeInter2, Hidden],
+        rebuild: Rebuild::ExpertsGateUp,
+        gguf: &[src("blk.{L}.ffn_gate_exps.weight", &[Experts, MoeInter, Hidden]), src("blk.{L}.ffn_up_exps.weight", &[Experts, MoeInter, Hidden])],
+    },
+    direct("model.layers.{L}.mlp.experts.down_proj", Role::ExpertsDown, Scope::Moe, &[Experts, Hidden, MoeInter], &[src("blk.{L}.ffn_down_exps.weight", &[Experts, Hidden, MoeInter])]),
+    direct("model.layers.{L}.mlp.shared_experts.gate_proj.weight", Role::SharedGate, Scope::Moe, &[SharedInter, Hidden], &[src("blk.{L}.ffn_gate_shexp.weight", &[SharedInter, Hidden])]),
+    direct("model.layers.{L}.mlp.shared_experts.up_proj.weight", Role::SharedUp, Scope::Moe, &[SharedInter, Hidden], &[src("blk.{L}.ffn_up_shexp.weight", &[SharedInter, Hidden])]),
+    direct("model.layers.{L}.mlp.shared_experts.down_proj.weight", Role::SharedDown, Scope::Moe, &[Hidden, SharedInter], &[src("blk.{L}.ffn_down_shexp.weight", &[Hidden, SharedInter])]),
+];
+
+/// Every vLLM parameter of `GlmMoeDsaForCausalLM` (a `DeepseekV2ForCausalLM`), built from HF parameters.
+pub const VLLM_TABLE: &[VllmDef] = &[
+    VllmDef { vllm: "model.embed_tokens.weight", parts: &["model.embed_tokens.weight"], cat_dim: 0, style: TpStyle::Vocab, scope: Scope::Global },
+    VllmDef { vllm: "model.layers.{L}.input_layernorm.weight", parts: &["model.layers.{L}.input_layernorm.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
+    VllmDef { vllm: "model.layers.{L}.self_attn.fused_qkv_a_proj.weight", parts: &["model.layers.{L}.self_attn.q_a_proj.weight", "model.layers.{L}.self_attn.kv_a_proj_with_mqa.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
+    VllmDef { vllm: "model.layers.{L}.self_attn.q_a_layernorm.weight", parts: &["model.layers.{L}.self_attn.q_a_layernorm.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
+    VllmDef { vllm: "model.layers.{L}.self_attn.q_b_proj.weight", parts: &["model.layers.{L}.self_attn.q_b_proj.weight"], cat_dim: 0, style: TpStyle::Column, scope: Scope::Layer },
+    VllmDef { vllm: "model.layers.{L}.self_attn.kv_a_layernorm.weight", parts: &["model.layers.{L}.self_attn.kv_a_layernorm.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
+    VllmDef { vllm: "model.layers.{L}.self_attn.kv_b_proj.weight", parts: &["model.layers.{L}.self_attn.kv_b_proj.weight"], cat_dim: 0, style: TpStyle::Column, scope: Scope::Layer },
+    VllmDef { vllm: "model.layers.{L}.self_attn.o_proj.weight", parts: &["model.layers.{L}.self_attn.o_proj.weight"], cat_dim: 0, style: TpStyle::Row, scope: Scope::Layer },
+    VllmDef { vllm: "model.layers.{L}.self_attn.indexer.wq_b.weight", parts: &["model.layers.{L}.self_attn.indexer.wq_b.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
+    VllmDef { vllm: "model.layers.{L}.self_attn.indexer.wk_weights_proj.weight", parts: &["model.layers.{L}.self_attn.indexer.wk.weight", "model.layers.{L}.self_attn.indexer.weights_proj.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
+    VllmDef { vllm: "model.layers.{L}.self_attn.indexer.k_norm.weight", parts: &["model.layers.{L}.self_attn.indexer.k_norm.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
+    VllmDef { vllm: "model.layers.{L}.self_attn.indexer.k_norm.bias", parts: &["model.layers.{L}.self_attn.indexer.k_norm.bias"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
+    VllmDef { vllm: "model.layers.{L}.post_attention_layernorm.weight", parts: &["model.layers.{L}.post_attention_layernorm.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
+    VllmDef { vllm: "model.layers.{L}.mlp.gate_up_proj.weight", parts: &["model.layers.{L}.mlp.gate_proj.weight", "model.layers.{L}.mlp.up_proj.weight"], cat_dim: 0, style: TpStyle::MergedColumn, scope: Scope::Dense },
+    VllmDef { vllm: "model.layers.{L}.mlp.down_proj.weight", parts: &["model.layers.{L}.mlp.down_proj.weight"], cat_dim: 0, style: TpStyle::Row, scope: Scope::Dense },
+    VllmDef { vllm: "model.layers.{L}.mlp.gate.weight", parts: &["model.layers.{L}.mlp.gate.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Moe },
+    VllmDef { vllm: "model.layers.{L}.mlp.gate.e_score_correction_bias", parts: &["model.layers.{L}.mlp.gate.e_score_correction_bias"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Moe },
+    VllmDef { vllm: "model.layers.{L}.mlp.experts.w13_weight", parts: &["model.layers.{L}.mlp.experts.gate_up_proj"], cat_dim: 0, style: TpStyle::MoeW13, scope: Scope::Moe },
+    VllmDef { vllm: "model.layers.{L}.mlp.experts.w2_weight", parts: &["model.layers.{L}.mlp.experts.down_proj"], cat_dim: 0, style: TpStyle::MoeW2, scope: Scope::Moe },
+    VllmDef { vllm: "model.layers.{L}.mlp.shared_experts.gate_up_proj.weight", parts: &["model.layers.{L}.mlp.shared_experts.gate_proj.weight", "model.layers.{L}.mlp.shared_experts.up_proj.weight"], cat_dim: 0, style: TpStyle::MergedColumn, scope: Scope::Moe },
+    VllmDef { vllm: "model.layers.{L}.mlp.shared_experts.down_proj.weight", parts: &["model.layers.{L}.mlp.shared_experts.down_proj.weight"], cat_dim: 0, style: TpStyle::Row, scope: Scope::Moe },
+    VllmDef { vllm: "model.norm.weight", parts: &["model.norm.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Global },
+    VllmDef { vllm: "lm_head.weight", parts: &["lm_head.weight"], cat_dim: 0, style: TpStyle::Vocab, scope: Scope::Global },
+];
+
+/// Fills `{L}` in a template.
+pub fn name(template: &str, layer: Option<usize>) -> String {
+    match layer {
+        Some(l) => template.replace("{L}", &l.to_string()),
+        None => template.to_string(),
+    }
+}
+
+/// A concrete (layer-resolved) HF parameter.
+#[derive(Debug, Clone)]
+pub struct HfParam {
+    pub name: String,
+    pub layer: Option<usize>,
+    pub def: &'static HfDef,
+}
+
+impl HfParam {
+    pub fn shape(&self, c: &Config) -> Vec<usize> {
+        resolve(self.def.shape, c)
+    }
+
+    pub fn gguf_names(&self) -> Vec<String> {
+        self.def.gguf.iter().map(|s| name(s.name, self.layer)).collect()
+    }
+}
+
+/// Every HF parameter the config implies, in model order (globals at their places in the forward).
+pub fn hf_params(c: &Config) -> Vec<HfParam> {
+    let mut out = Vec::new();
+    let globals = |n: &str| HF_TABLE.iter().find(|d| d.hf == n);
+    if let Some(d) = globals("model.embed_tokens.weight") {
+        out.push(HfParam { name: d.hf.into(), layer: None, def: d });
+    }
+    for l in 0..c.num_hidden_layers {
+        for d in HF_TABLE.iter().filter(|d| d.scope.has_layer(c, l)) {
+            out.push(HfParam { name: name(d.hf, Some(l)), layer: Some(l), def: d });
+        }
+    }
+    for d in HF_TABLE
+        .iter()
+        .filter(|d| d.scope == Scope::Global && d.hf != "model.embed_tokens.weight")
+    {
+        if d.role == Role::LmHead && c.tie_word_embeddings {
+            continue;
+        }
+        out.push(HfParam { name: d.hf.into(), layer: None, def: d });
+    }
+    out
+}
+
+/// Finds the HF definition and layer of a concrete HF parameter name.
+pub fn lookup_hf(param: &str) -> Option<(&'static HfDef, Option<usize>)> {
+    HF_TABLE.iter().find_map(|d| match_template(d.hf, param).map(|l| (d, l)))
+}
+
+/// Finds the GGUF source definition (and its owner) of a concrete GGUF tensor name.
+pub fn lookup_gguf(tensor: &str) -> Option<(&'static HfDef, &'static GgufSrc, Option<usize>)> {
+    HF_TABLE.iter().find_map(|d| {
+        d.gguf
+            .iter()
+            .find_map(|s| match_template(s.name, tensor).map(|l| (d, s, l)))
+    })
+}
+
+/// `Some(layer)` when `concrete` is `template` with `{L}` filled (`Some(None)` for layerless templates).
+pub fn match_template(template: &str, concrete: &str) -> Option<Option<usize>> {
+    match template.split_once("{L}") {
+        None => (template == concrete).then_some(None),
+        Some((pre, post)) => {
+            let mid = concrete.strip_prefix(pre)?.strip_suffix(post)?;
+            if mid.is_empty() || !mid.bytes().all(|b| b.is_ascii_digit()) || (mid.len() > 1 && mid.starts_with('0')) {
+                return None;
+            }
+            mid.parse().ok().map(Some)
+        }
+    }
+}
+
+/// The layer number of a `blk.N.` GGUF tensor name.
+pub fn gguf_layer(tensor: &str) -> Option<usize> {
+    let rest = tensor.strip_prefix("blk.")?;
+    rest.split('.').next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_vllm_part_is_an_hf_parameter_of_the_same_scope() {
+        for v in VLLM_TABLE {
+            for p in v.parts {
+                let d = HF_TABLE.iter().find(|d| d.hf == *p);
+                let d = d.unwrap_or_else(|| panic!("{} names unknown HF parameter {p}", v.vllm));
+                assert_eq!(d.scope, v.scope, "{}", v.vllm);
+            }
+        }
+        // And every HF parameter lands in exactly one vLLM parameter.
+        for d in HF_TABLE {
+            let n = VLLM_TABLE.iter().filter(|v| v.parts.contains(&d.hf)).count();
+            assert_eq!(n, 1, "{}", d.hf);
+        }
+    }
+
+    #[test]
+    fn templates_match_only_their_own_names() {
+        assert_eq!(match_template("blk.{L}.attn_k_b.weight", "blk.12.attn_k_b.weight"), Some(Some(12)));
+        assert_eq!(match_template("blk.{L}.attn_k_b.weight", "blk.x.attn_k_b.weight"), None);
+        assert_eq!(match_template("blk.{L}.attn_k_b.weight", "blk.012.attn_k_b.weight"), None);
+        assert_eq!(match_template("output.weight", "output.weight"), Some(None));
+        let (d, s, l) = lookup_gguf("blk.3.attn_v_b.weight").unwrap();
+        assert_eq!(d.role, Role::AttnKvB);
+        assert_eq!(s.name, "blk.{L}.attn_v_b.weight");
+        assert_eq!(l, Some(3));
+    }
+
+    #[test]
+    fn glm5_shapes_match_the_reference_sheet() {
+        let c = Config::glm5();
+        let shape = |n: &str| {
+            let (d, _) = lookup_hf(n).unwrap();
+            resolve(d.shape, &c)
+        };
+        assert_eq!(shape("model.layers.5.self_attn.kv_b_proj.weight"), [28672, 512]);
+        assert_eq!(shape("model.layers.5.self_attn.q_b_proj.weight"), [16384, 2048]);
+        assert_eq!(shape("model.layers.5.self_attn.o_proj.weight"), [6144, 16384]);
+        assert_eq!(shape("model.layers.5.self_attn.kv_a_proj_with_mqa.weight"), [576, 6144]);
+        assert_eq!(shape("model.layers.5.self_attn.indexer.wq_b.weight"), [4096, 2048]);
+        assert_eq!(shape("model.layers.5.mlp.experts.down_proj"), [256, 6144, 2048]);
+        let n_layer_params = hf_params(&c).len();
+        // 3 dense layers × 17 + 75 MoE layers × 21 + 3 globals
+        assert_eq!(n_layer_params, 3 * 17 + 75 * 21 + 3);
+    }
+}

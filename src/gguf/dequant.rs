@@ -1,0 +1,205 @@
+//! Dequantization to f32 through candle's GGML block decoders (`candle_core::quantized::k_quants`),
+//! spread over all cores. Works on a tensor's raw bytes straight from the memory map: no copy of the
+//! quantized data unless the map is misaligned for the block type.
+
+use candle_core::quantized::k_quants::{
+    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
+    BlockQ8K, BlockQ8_0, BlockQ8_1,
+};
+use candle_core::quantized::GgmlType as CandleBlock;
+use half::{bf16, f16};
+
+use super::error::DequantError;
+use super::types::GgmlType;
+
+/// Types candle decodes.
+pub fn supported(t: GgmlType) -> bool {
+    dispatch_size(t).is_some()
+}
+
+/// The block struct size candle uses for `t`, which must equal ggml's bytes per block.
+fn dispatch_size(t: GgmlType) -> Option<usize> {
+    use std::mem::size_of;
+    Some(match t {
+        GgmlType::F32 => size_of::<f32>(),
+        GgmlType::F16 => size_of::<f16>(),
+        GgmlType::BF16 => size_of::<bf16>(),
+        GgmlType::Q4_0 => size_of::<BlockQ4_0>(),
+        GgmlType::Q4_1 => size_of::<BlockQ4_1>(),
+        GgmlType::Q5_0 => size_of::<BlockQ5_0>(),
+        GgmlType::Q5_1 => size_of::<BlockQ5_1>(),
+        GgmlType::Q8_0 => size_of::<BlockQ8_0>(),
+        GgmlType::Q8_1 => size_of::<BlockQ8_1>(),
+        GgmlType::Q2_K => size_of::<BlockQ2K>(),
+        GgmlType::Q3_K => size_of::<BlockQ3K>(),
+        GgmlType::Q4_K => size_of::<BlockQ4K>(),
+        GgmlType::Q5_K => size_of::<BlockQ5K>(),
+        GgmlType::Q6_K => size_of::<BlockQ6K>(),
+        GgmlType::Q8_K => size_of::<BlockQ8K>(),
+        _ => return None,
+    })
+}
+
+/// Dequantizes `bytes` (a whole number of `dtype` blocks) into `out`, which must hold exactly the
+/// number of elements those blocks encode. `name` is only used in errors.
+pub fn dequantize_into(
+    name: &str,
+    dtype: GgmlType,
+    bytes: &[u8],
+    out: &mut [f32],
+) -> Result<(), DequantError> {
+    let bad = |reason: String| DequantError::Bad {
+        tensor: name.to_string(),
+        reason,
+    };
+    let Some(block_bytes) = dispatch_size(dtype) else {
+        return Err(DequantError::Unsupported {
+            tensor: name.to_string(),
+            dtype: dtype.name.to_string(),
+        });
+    };
+    if block_bytes as u64 != dtype.type_size {
+        return Err(bad(format!(
+            "candle's {dtype} block is {block_bytes} bytes, ggml's {}",
+            dtype.type_size
+        )));
+    }
+    if bytes.len() % block_bytes != 0 {
+        return Err(bad(format!(
+            "{} bytes is not a whole number of {dtype} blocks ({block_bytes} bytes each)",
+            bytes.len()
+        )));
+    }
+    let n_blocks = bytes.len() / block_bytes;
+    let expected = n_blocks as u64 * dtype.block_size;
+    if out.len() as u64 != expected {
+        return Err(bad(format!(
+            "{n_blocks} {dtype} blocks hold {expected} values, the output has room for {}",
+            out.len()
+        )));
+    }
+    match dtype {
+        GgmlType::F32 => run::<f32>(bytes, out),
+        GgmlType::F16 => run::<f16>(bytes, out),
+        GgmlType::BF16 => run::<bf16>(bytes, out),
+        GgmlType::Q4_0 => run::<BlockQ4_0>(bytes, out),
+        GgmlType::Q4_1 => run::<BlockQ4_1>(bytes, out),
+        GgmlType::Q5_0 => run::<BlockQ5_0>(bytes, out),
+        GgmlType::Q5_1 => run::<BlockQ5_1>(bytes, out),
+        GgmlType::Q8_0 => run::<BlockQ8_0>(bytes, out),
+        GgmlType::Q8_1 => run::<BlockQ8_1>(bytes, out),
+        GgmlType::Q2_K => run::<BlockQ2K>(bytes, out),
+        GgmlType::Q3_K => run::<BlockQ3K>(bytes, out),
+        GgmlType::Q4_K => run::<BlockQ4K>(bytes, out),
+        GgmlType::Q5_K => run::<BlockQ5K>(bytes, out),
+        GgmlType::Q6_K => run::<BlockQ6K>(bytes, out),
+        GgmlType::Q8_K => run::<BlockQ8K>(bytes, out),
+        _ => unreachable!("dispatch_size covers exactly these types"),
+    }
+    Ok(())
+}
+
+/// Dequantizes into a new vector.
+pub fn dequantize(name: &str, dtype: GgmlType, bytes: &[u8]) -> Result<Vec<f32>, DequantError> {
+    let n_blocks = bytes.len() as u64 / dtype.type_size.max(1);
+    let n = n_blocks * dtype.block_size;
+    let mut out = vec![0f32; n as usize];
+    dequantize_into(name, dtype, bytes, &mut out)?;
+    Ok(out)
+}
+
+/// Below this many output values a tensor is decoded on the calling thread.
+const PARALLEL_MIN: usize = 1 << 16;
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Reinterprets `bytes` as blocks of `T` (copying only when misaligned) and decodes them in parallel.
+fn run<T: CandleBlock>(bytes: &[u8], out: &mut [f32]) {
+    let n_blocks = bytes.len() / std::mem::size_of::<T>();
+    let owned: Vec<T>;
+    let blocks: &[T] = if (bytes.as_ptr() as usize) % std::mem::align_of::<T>() == 0 {
+        // SAFETY: the candle block types are `repr(C)` structs of integers, f16 and f32 (or those
+        // scalars themselves), valid for every bit pattern; length and alignment were checked.
+        unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, n_blocks) }
+    } else {
+        let mut v: Vec<T> = Vec::with_capacity(n_blocks);
+        // SAFETY: as above; the destination has capacity for n_blocks and is then fully initialised.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr() as *mut u8, bytes.len());
+            v.set_len(n_blocks);
+        }
+        owned = v;
+        &owned
+    };
+    let per_block = T::BLCK_SIZE;
+    let n_threads = threads().min(out.len() / PARALLEL_MIN).max(1);
+    if n_threads == 1 {
+        T::to_float(blocks, out);
+        return;
+    }
+    let blocks_per = n_blocks.div_ceil(n_threads);
+    std::thread::scope(|s| {
+        for (xs, ys) in blocks
+            .chunks(blocks_per)
+            .zip(out.chunks_mut(blocks_per * per_block))
+        {
+            s.spawn(move || T::to_float(xs, ys));
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q8_0_block_decodes_by_hand() {
+        // d = 0.5 (f16 0x3800), qs = -2, 3, 0, ...
+        let mut block = vec![0x00u8, 0x38];
+        let mut qs = [0i8; 32];
+        qs[0] = -2;
+        qs[1] = 3;
+        qs[31] = 127;
+        block.extend(qs.iter().map(|&q| q as u8));
+        let v = dequantize("t", GgmlType::Q8_0, &block).unwrap();
+        assert_eq!(v.len(), 32);
+        assert_eq!(v[0], -1.0);
+        assert_eq!(v[1], 1.5);
+        assert_eq!(v[31], 63.5);
+    }
+
+    #[test]
+    fn unaligned_bytes_give_the_same_values() {
+        let vals: Vec<f32> = (0..100).map(|i| i as f32 * 0.25 - 3.0).collect();
+        let mut raw = vec![0u8];
+        raw.extend(vals.iter().flat_map(|v| v.to_le_bytes()));
+        let a = dequantize("t", GgmlType::F32, &raw[1..]).unwrap();
+        assert_eq!(a, vals);
+    }
+
+    #[test]
+    fn unsupported_type_is_a_per_tensor_error() {
+        let e = dequantize("blk.0.x", GgmlType::IQ2_XXS, &[0u8; 66]).unwrap_err();
+        assert!(e.to_string().contains("IQ2_XXS"), "{e}");
+        assert!(!supported(GgmlType::MXFP4));
+        assert!(supported(GgmlType::Q6_K));
+    }
+
+    #[test]
+    fn parallel_split_matches_serial() {
+        let n = PARALLEL_MIN * 3 + 32 * 7;
+        let raw: Vec<u8> = (0..n / 32 * 34)
+            .map(|i| if i % 34 == 1 { 0x30 } else { (i * 7 % 251) as u8 })
+            .collect();
+        let par = dequantize("t", GgmlType::Q8_0, &raw).unwrap();
+        let blocks: Vec<BlockQ8_0> = raw
+            .chunks(34)
+            .map(|c| unsafe { std::ptr::read_unaligned(c.as_ptr() as *const BlockQ8_0) })
+            .collect();
+        let mut ser = vec![0f32; n];
+        BlockQ8_0::to_float(&blocks, &mut ser);
+        assert_eq!(par, ser);
+    }
+}

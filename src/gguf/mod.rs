@@ -1,0 +1,16 @@
+//! GGUF reading: bytes to a validated tensor index, nothing about GLM.
+//!
+//! All checks of sizes and offsets live here; later stages may trust what this module hands out.
+
+pub mod dequant;
+pub mod error;
+pub mod model;
+pub mod reader;
+pub mod types;
+pub mod value;
+
+pub use error::{DequantError, GgufError};
+pub use model::{GgufModel, TensorRef};
+pub use reader::{GgufFile, MetaEntry, TensorInfo};
+pub use types::GgmlType;
+pub use value::{Value, ValueType};

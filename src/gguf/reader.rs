@@ -1,0 +1,552 @@
+//! One GGUF file: header, metadata, tensor infos and memory-mapped data.
+//!
+//! Every count, length, dimension and offset is checked against the bytes that are really there before
+//! anything is allocated for it, with overflow-checked arithmetic. A lying header costs an error message,
+//! never an allocation of what it claims.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use serde::Serialize;
+
+use super::error::GgufError;
+use super::types::GgmlType;
+use super::value::{Value, ValueType};
+
+/// ggml's `GGML_MAX_DIMS`.
+pub const MAX_DIMS: u32 = 4;
+const MAX_TENSORS: u64 = 1 << 20;
+const MAX_KV: u64 = 1 << 20;
+const MAX_STRING: u64 = 1 << 28;
+const MAX_ARRAY_DEPTH: usize = 3;
+const DEFAULT_ALIGNMENT: u64 = 32;
+
+/// A metadata entry and where it sits in the file.
+#[derive(Debug, Clone)]
+pub struct MetaEntry {
+    pub key: String,
+    pub value: Value,
+    /// Byte offset of the entry's value (after the key and type id).
+    pub offset: u64,
+}
+
+/// One tensor's info record.
+#[derive(Debug, Clone, Serialize)]
+pub struct TensorInfo {
+    pub name: String,
+    /// Dimensions in ggml order: innermost (fastest varying) first.
+    pub ne: Vec<u64>,
+    pub dtype: GgmlType,
+    /// Offset of the data relative to the file's data section.
+    pub offset: u64,
+    /// Absolute byte offset of the data in the file.
+    pub abs_offset: u64,
+    pub n_bytes: u64,
+    /// Byte offset of this tensor's info record in the header, for error messages.
+    #[serde(skip)]
+    pub info_offset: u64,
+}
+
+impl TensorInfo {
+    pub fn n_elements(&self) -> u64 {
+        self.ne.iter().product()
+    }
+
+    /// Shape in PyTorch order (outermost first).
+    pub fn torch_shape(&self) -> Vec<usize> {
+        self.ne.iter().rev().map(|&d| d as usize).collect()
+    }
+}
+
+/// A parsed GGUF file.
+pub struct GgufFile {
+    pub path: PathBuf,
+    pub version: u32,
+    pub metadata: Vec<MetaEntry>,
+    pub tensors: Vec<TensorInfo>,
+    pub alignment: u64,
+    /// Absolute offset of the data section.
+    pub data_offset: u64,
+    pub file_size: u64,
+    meta_index: HashMap<String, usize>,
+    data: Storage,
+}
+
+/// Where a file's bytes live once parsed.
+enum Storage {
+    Mapped(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Storage {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Storage::Mapped(m) => m,
+            Storage::Owned(v) => v,
+        }
+    }
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .field("metadata", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+impl GgufFile {
+    /// Opens (read-only) and parses a GGUF file. Only the header pages are touched.
+    pub fn open(path: &Path) -> Result<Self, GgufError> {
+        let io = |source| GgufError::Io {
+            file: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        let file_size = file.metadata().map_err(io)?.len();
+        if file_size == 0 {
+            return Err(GgufError::Truncated {
+                file: path.to_path_buf(),
+                field: "header.magic".into(),
+                offset: 0,
+                needed: 4,
+                available: 0,
+            });
+        }
+        // SAFETY: the map is read-only and private; glmcheck never writes model files. A file truncated by
+        // someone else while mapped is outside what any reader can defend against.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let header = parse(path, &mmap, file_size)?;
+        Ok(header.with_storage(Storage::Mapped(mmap)))
+    }
+
+    /// Parses a GGUF image held in memory (used by tests and fuzzing); data access works as for files.
+    pub fn parse_bytes(path: &Path, bytes: Vec<u8>) -> Result<Self, GgufError> {
+        let header = parse(path, &bytes, bytes.len() as u64)?;
+        Ok(header.with_storage(Storage::Owned(bytes)))
+    }
+
+    pub fn get(&self, key: &str) -> Option<&MetaEntry> {
+        self.meta_index.get(key).map(|&i| &self.metadata[i])
+    }
+
+    pub fn value(&self, key: &str) -> Option<&Value> {
+        self.get(key).map(|e| &e.value)
+    }
+
+    /// The raw bytes of a tensor's data. Bounds were checked when the file was parsed.
+    pub fn tensor_bytes(&self, t: &TensorInfo) -> &[u8] {
+        let start = t.abs_offset as usize;
+        let end = start.saturating_add(t.n_bytes as usize);
+        self.data.bytes().get(start..end).unwrap_or(&[])
+    }
+
+    /// Byte ranges of the file that hold tensor data, for read-bandwidth-aware scans.
+    pub fn data_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.n_bytes).sum()
+    }
+}
+
+/// A bounds-checked little-endian cursor that knows which file it reads, for error messages.
+struct Cursor<'a> {
+    path: &'a Path,
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn remaining(&self) -> u64 {
+        (self.buf.len() - self.pos) as u64
+    }
+
+    fn take(&mut self, n: u64, field: &dyn Fn() -> String) -> Result<&'a [u8], GgufError> {
+        if n > self.remaining() {
+            return Err(GgufError::Truncated {
+                file: self.path.to_path_buf(),
+                field: field(),
+                offset: self.pos as u64,
+                needed: n,
+                available: self.remaining(),
+            });
+        }
+        let start = self.pos;
+        self.pos += n as usize;
+        Ok(&self.buf[start..self.pos])
+    }
+
+    fn array<const N: usize>(&mut self, field: &dyn Fn() -> String) -> Result<[u8; N], GgufError> {
+        let bytes = self.take(N as u64, field)?;
+        let mut out = [0u8; N];
+        out.copy_from_slice(bytes);
+        Ok(out)
+    }
+
+    fn u32(&mut self, field: &dyn Fn() -> String) -> Result<u32, GgufError> {
+        Ok(u32::from_le_bytes(self.array(field)?))
+    }
+
+    fn u64(&mut self, field: &dyn Fn() -> String) -> Result<u64, GgufError> {
+        Ok(u64::from_le_bytes(self.array(field)?))
+    }
+
+    fn invalid(&self, field: String, offset: u64, reason: impl Into<String>) -> GgufError {
+        GgufError::invalid(self.path, field, offset, reason)
+    }
+
+    /// A GGUF string: u64 length then bytes. The length is checked against the bytes left first.
+    fn string_bytes(&mut self, field: &dyn Fn() -> String) -> Result<&'a [u8], GgufError> {
+        let at = self.pos as u64;
+        let len = self.u64(&|| format!("{}.length", field()))?;
+        if len > MAX_STRING {
+            return Err(self.invalid(
+                format!("{}.length", field()),
+                at,
+                format!("string length {len} exceeds the limit of {MAX_STRING} bytes"),
+            ));
+        }
+        self.take(len, field)
+    }
+
+    fn utf8_string(&mut self, field: &dyn Fn() -> String) -> Result<String, GgufError> {
+        let at = self.pos as u64;
+        let bytes = self.string_bytes(field)?;
+        String::from_utf8(bytes.to_vec())
+            .map_err(|e| self.invalid(field(), at, format!("not valid UTF-8: {e}")))
+    }
+
+    fn value(
+        &mut self,
+        ty: ValueType,
+        depth: usize,
+        field: &dyn Fn() -> String,
+    ) -> Result<Value, GgufError> {
+        Ok(match ty {
+            ValueType::U8 => Value::U8(self.array::<1>(field)?[0]),
+            ValueType::I8 => Value::I8(self.array::<1>(field)?[0] as i8),
+            ValueType::U16 => Value::U16(u16::from_le_bytes(self.array(field)?)),
+            ValueType::I16 => Value::I16(i16::from_le_bytes(self.array(field)?)),
+            ValueType::U32 => Value::U32(u32::from_le_bytes(self.array(field)?)),
+            ValueType::I32 => Value::I32(i32::from_le_bytes(self.array(field)?)),
+            ValueType::F32 => Value::F32(f32::from_le_bytes(self.array(field)?)),
+            ValueType::U64 => Value::U64(u64::from_le_bytes(self.array(field)?)),
+            ValueType::I64 => Value::I64(i64::from_le_bytes(self.array(field)?)),
+            ValueType::F64 => Value::F64(f64::from_le_bytes(self.array(field)?)),
+            ValueType::Bool => {
+                let at = self.pos as u64;
+                match self.array::<1>(field)?[0] {
+                    0 => Value::Bool(false),
+                    1 => Value::Bool(true),
+                    b => return Err(self.invalid(field(), at, format!("bool byte is {b}, not 0 or 1"))),
+                }
+            }
+            ValueType::String => {
+                Value::String(String::from_utf8_lossy(self.string_bytes(field)?).into_owned())
+            }
+            ValueType::Array => {
+                let at = self.pos as u64;
+                let elem_id = self.u32(&|| format!("{}.element_type", field()))?;
+                let elem = ValueType::from_id(elem_id).ok_or_else(|| {
+                    self.invalid(
+                        format!("{}.element_type", field()),
+                        at,
+                        format!("unknown value type id {elem_id}"),
+                    )
+                })?;
+                if elem == ValueType::Array && depth >= MAX_ARRAY_DEPTH {
+                    return Err(self.invalid(
+                        format!("{}.element_type", field()),
+                        at,
+                        format!("arrays nested deeper than {MAX_ARRAY_DEPTH}"),
+                    ));
+                }
+                let count_at = self.pos as u64;
+                let count = self.u64(&|| format!("{}.count", field()))?;
+                // Every element takes at least min_size bytes: a count the file cannot hold is a lie.
+                let min = elem.min_size();
+                if count.checked_mul(min).is_none_or(|b| b > self.remaining()) {
+                    return Err(self.invalid(
+                        format!("{}.count", field()),
+                        count_at,
+                        format!(
+                            "array of {count} {} elements needs at least {} bytes, only {} left in the file",
+                            elem.name(),
+                            count.saturating_mul(min),
+                            self.remaining()
+                        ),
+                    ));
+                }
+                let mut items = Vec::with_capacity(count as usize);
+                for i in 0..count {
+                    items.push(self.value(elem, depth + 1, &|| format!("{}[{i}]", field()))?);
+                }
+                Value::Array(elem, items)
+            }
+        })
+    }
+}
+
+/// A parsed header waiting for its byte storage.
+struct Header {
+    path: PathBuf,
+    version: u32,
+    metadata: Vec<MetaEntry>,
+    meta_index: HashMap<String, usize>,
+    tensors: Vec<TensorInfo>,
+    alignment: u64,
+    data_offset: u64,
+    file_size: u64,
+}
+
+impl Header {
+    fn with_storage(self, data: Storage) -> GgufFile {
+        GgufFile {
+            path: self.path,
+            version: self.version,
+            metadata: self.metadata,
+            tensors: self.tensors,
+            alignment: self.alignment,
+            data_offset: self.data_offset,
+            file_size: self.file_size,
+            meta_index: self.meta_index,
+            data,
+        }
+    }
+}
+
+fn parse(path: &Path, buf: &[u8], file_size: u64) -> Result<Header, GgufError> {
+    let mut c = Cursor { path, buf, pos: 0 };
+    let magic = c.array::<4>(&|| "header.magic".into())?;
+    if &magic != b"GGUF" {
+        return Err(c.invalid(
+            "header.magic".into(),
+            0,
+            format!("expected \"GGUF\", found {:?}: not a GGUF file", String::from_utf8_lossy(&magic)),
+        ));
+    }
+    let version = c.u32(&|| "header.version".into())?;
+    if !(2..=3).contains(&version) {
+        let hint = if version.swap_bytes() <= 3 {
+            " (a big-endian GGUF, which glmcheck does not read)"
+        } else {
+            ""
+        };
+        return Err(c.invalid(
+            "header.version".into(),
+            4,
+            format!("unsupported GGUF version {version}{hint}; versions 2 and 3 are supported"),
+        ));
+    }
+    let n_tensors_at = c.pos as u64;
+    let n_tensors = c.u64(&|| "header.tensor_count".into())?;
+    let n_kv_at = c.pos as u64;
+    let n_kv = c.u64(&|| "header.metadata_kv_count".into())?;
+    // Smallest tensor info: name length (8) + n_dims (4) + one dim (8) + type (4) + offset (8).
+    if n_tensors > MAX_TENSORS || n_tensors.saturating_mul(32) > c.remaining() {
+        return Err(c.invalid(
+            "header.tensor_count".into(),
+            n_tensors_at,
+            format!(
+                "claims {n_tensors} tensors; the {} bytes left in the file can hold at most {}",
+                c.remaining(),
+                (c.remaining() / 32).min(MAX_TENSORS)
+            ),
+        ));
+    }
+    // Smallest kv: key length (8) + type (4) + a one-byte value.
+    if n_kv > MAX_KV || n_kv.saturating_mul(13) > c.remaining() {
+        return Err(c.invalid(
+            "header.metadata_kv_count".into(),
+            n_kv_at,
+            format!(
+                "claims {n_kv} metadata entries; the {} bytes left in the file can hold at most {}",
+                c.remaining(),
+                (c.remaining() / 13).min(MAX_KV)
+            ),
+        ));
+    }
+
+    let mut metadata = Vec::with_capacity(n_kv as usize);
+    let mut meta_index = HashMap::with_capacity(n_kv as usize);
+    for i in 0..n_kv {
+        let key_at = c.pos as u64;
+        let key = c.utf8_string(&|| format!("metadata[{i}].key"))?;
+        let ty_at = c.pos as u64;
+        let ty_id = c.u32(&|| format!("metadata[{i}] (`{key}`).type"))?;
+        let ty = ValueType::from_id(ty_id).ok_or_else(|| {
+            c.invalid(
+                format!("metadata[{i}] (`{key}`).type"),
+                ty_at,
+                format!("unknown value type id {ty_id}"),
+            )
+        })?;
+        let offset = c.pos as u64;
+        let value = c.value(ty, 0, &|| format!("metadata `{key}`"))?;
+        if meta_index.insert(key.clone(), metadata.len()).is_some() {
+            return Err(c.invalid(format!("metadata[{i}].key"), key_at, format!("duplicate key `{key}`")));
+        }
+        metadata.push(MetaEntry { key, value, offset });
+    }
+
+    let alignment = match meta_index.get("general.alignment").map(|&i| &metadata[i]) {
+        None => DEFAULT_ALIGNMENT,
+        Some(e) => match e.value {
+            Value::U32(a) if a.is_power_of_two() => a as u64,
+            Value::U32(a) => {
+                return Err(c.invalid(
+                    "metadata `general.alignment`".into(),
+                    e.offset,
+                    format!("alignment {a} is not a non-zero power of two"),
+                ))
+            }
+            ref other => {
+                return Err(c.invalid(
+                    "metadata `general.alignment`".into(),
+                    e.offset,
+                    format!("must be a u32, found {}", other.type_name()),
+                ))
+            }
+        },
+    };
+
+    let mut tensors: Vec<TensorInfo> = Vec::with_capacity(n_tensors as usize);
+    let mut names: HashMap<String, usize> = HashMap::with_capacity(n_tensors as usize);
+    for i in 0..n_tensors {
+        let info_offset = c.pos as u64;
+        let name = c.utf8_string(&|| format!("tensor_info[{i}].name"))?;
+        let field = |f: &str| format!("tensor_info[{i}] (`{name}`).{f}");
+        let nd_at = c.pos as u64;
+        let n_dims = c.u32(&|| field("n_dims"))?;
+        if n_dims == 0 || n_dims > MAX_DIMS {
+            return Err(c.invalid(
+                field("n_dims"),
+                nd_at,
+                format!("{n_dims} dimensions; ggml tensors have 1 to {MAX_DIMS}"),
+            ));
+        }
+        let mut ne = Vec::with_capacity(n_dims as usize);
+        let mut n_elements: u64 = 1;
+        for d in 0..n_dims {
+            let at = c.pos as u64;
+            let dim = c.u64(&|| field(&format!("ne[{d}]")))?;
+            if dim == 0 {
+                return Err(c.invalid(field(&format!("ne[{d}]")), at, "zero-size dimension"));
+            }
+            if dim > i64::MAX as u64 {
+                return Err(c.invalid(field(&format!("ne[{d}]")), at, format!("dimension {dim} exceeds i64")));
+            }
+            n_elements = n_elements.checked_mul(dim).ok_or_else(|| {
+                c.invalid(field(&format!("ne[{d}]")), at, "element count overflows 64 bits")
+            })?;
+            ne.push(dim);
+        }
+        let ty_at = c.pos as u64;
+        let ty_id = c.u32(&|| field("type"))?;
+        let dtype = GgmlType::from_id(ty_id).ok_or_else(|| {
+            c.invalid(field("type"), ty_at, format!("unknown GGML type id {ty_id}"))
+        })?;
+        if ne[0] % dtype.block_size != 0 {
+            return Err(c.invalid(
+                field("ne[0]"),
+                nd_at + 4,
+                format!(
+                    "row length {} is not a multiple of {}'s block size {}",
+                    ne[0], dtype, dtype.block_size
+                ),
+            ));
+        }
+        let n_bytes = dtype.bytes_for(n_elements).ok_or_else(|| {
+            c.invalid(field("ne"), nd_at + 4, format!("byte size of {n_elements} {dtype} elements overflows"))
+        })?;
+        let off_at = c.pos as u64;
+        let offset = c.u64(&|| field("offset"))?;
+        if offset % alignment != 0 {
+            return Err(c.invalid(
+                field("offset"),
+                off_at,
+                format!("data offset {offset} is not a multiple of the alignment {alignment}"),
+            ));
+        }
+        if names.insert(name.clone(), tensors.len()).is_some() {
+            return Err(c.invalid(
+                format!("tensor_info[{i}].name"),
+                info_offset,
+                format!("duplicate tensor name `{name}`"),
+            ));
+        }
+        tensors.push(TensorInfo {
+            name,
+            ne,
+            dtype,
+            offset,
+            abs_offset: 0,
+            n_bytes,
+            info_offset,
+        });
+    }
+
+    let header_end = c.pos as u64;
+    let data_offset = header_end.div_ceil(alignment) * alignment;
+    if !tensors.is_empty() && data_offset > file_size {
+        return Err(GgufError::Truncated {
+            file: path.to_path_buf(),
+            field: "data section".into(),
+            offset: header_end,
+            needed: data_offset - header_end,
+            available: file_size - header_end,
+        });
+    }
+    for t in &mut tensors {
+        let abs = data_offset.checked_add(t.offset);
+        let end = abs.and_then(|a| a.checked_add(t.n_bytes));
+        match (abs, end) {
+            (Some(abs), Some(end)) if end <= file_size => t.abs_offset = abs,
+            _ => {
+                return Err(GgufError::invalid(
+                    path,
+                    format!("tensor `{}`.offset", t.name),
+                    t.info_offset,
+                    format!(
+                        "data [{}, +{} bytes) runs past the end of the file ({} bytes; data section starts at {})",
+                        t.offset, t.n_bytes, file_size, data_offset
+                    ),
+                ))
+            }
+        }
+    }
+    // Overlap check: sort by offset, each must end before the next starts.
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_by_key(|&i| tensors[i].offset);
+    for w in order.windows(2) {
+        let (a, b) = (&tensors[w[0]], &tensors[w[1]]);
+        if a.offset + a.n_bytes > b.offset {
+            return Err(GgufError::invalid(
+                path,
+                format!("tensor `{}`.offset", b.name),
+                b.info_offset,
+                format!(
+                    "data at {} overlaps tensor `{}` ([{}, {}))",
+                    b.offset,
+                    a.name,
+                    a.offset,
+                    a.offset + a.n_bytes
+                ),
+            ));
+        }
+    }
+
+    Ok(Header {
+        path: path.to_path_buf(),
+        version,
+        metadata,
+        meta_index,
+        tensors,
+        alignment,
+        data_offset,
+        file_size,
+    })
+}

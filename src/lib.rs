@@ -1,0 +1,7 @@
+//! glmcheck: find out why a GLM-5 (`glm-dsa`) deployment that loads fine still produces garbage.
+//!
+//! Data flows one way: [`gguf`] (read, mmap) → [`arch`] (the one name table, config) → [`weights`]
+//! (logical tensors) → later stages. Commands are thin glue in the binary.
+
+pub mod arch;
+pub mod gguf;
