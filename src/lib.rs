@@ -5,3 +5,7 @@
 
 pub mod arch;
 pub mod gguf;
+pub mod inspect;
+pub mod report;
+pub mod scan;
+pub mod weights;

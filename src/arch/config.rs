@@ -177,7 +177,8 @@ impl<'a> ConfigReader<'a> {
         match self.raw(&key) {
             Some(v) => {
                 let f = match v {
-                    Value::F32(f) => *f as f64,
+                    // The shortest decimal that round-trips the f32: 1e-5, not 9.999999747378752e-6.
+                    Value::F32(f) => f.to_string().parse().unwrap_or(*f as f64),
                     Value::F64(f) => *f,
                     _ => return Err(self.wrong_type(&key, "a float")),
                 };

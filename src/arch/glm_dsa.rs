@@ -106,8 +106,8 @@ pub enum Rebuild {
     /// kv_b_proj from `attn_k_b` [H, kv_lora, nope] (k_b transposed) and `attn_v_b` [H, v, kv_lora]:
     /// `cat([k_b.transpose(1, 2), v_b], dim=1).reshape(H·(nope+v), kv_lora)`.
     KvB,
-    /// Fused experts `gate_up_proj` [E, 2I, H] = cat([gate_exps, up_exps], dim=1).
-    ExpertsGateUp,
+    /// One routed expert's matrix: slice `{E}` of the stacked GGUF tensor (`ffn_*_exps`, [E, …]).
+    ExpertSlice,
 }
 
 /// What a tensor is, for reports and for the shard plan.
@@ -130,8 +130,9 @@ pub enum Role {
     FfnDown,
     Router,
     RouterBias,
-    ExpertsGateUp,
-    ExpertsDown,
+    ExpertGate,
+    ExpertUp,
+    ExpertDown,
     SharedGate,
     SharedUp,
     SharedDown,
@@ -154,6 +155,8 @@ pub struct HfDef {
     pub shape: &'static [Dim],
     pub rebuild: Rebuild,
     pub gguf: &'static [GgufSrc],
+    /// An older single-tensor form some converters wrote instead of `gguf` (kv_b_proj as `attn_kv_b`).
+    pub legacy: Option<GgufSrc>,
 }
 
 /// vLLM's tensor-parallel style for a parameter (from `deepseek_v2.py` / `linear.py`).
@@ -205,10 +208,30 @@ const fn direct(
         shape,
         rebuild: Rebuild::Direct,
         gguf,
+        legacy: None,
     }
 }
 
-/// Every HF parameter of `GlmMoeDsaForCausalLM` and its GGUF source(s).
+const fn expert(
+    hf: &'static str,
+    role: Role,
+    shape: &'static [Dim],
+    gguf: &'static [GgufSrc],
+) -> HfDef {
+    HfDef {
+        hf,
+        role,
+        scope: Scope::Moe,
+        shape,
+        rebuild: Rebuild::ExpertSlice,
+        gguf,
+        legacy: None,
+    }
+}
+
+/// Every parameter of a `GlmMoeDsaForCausalLM` checkpoint (the names `save_pretrained` writes; routed
+/// experts per expert, `{E}`, as in zai-org's release — transformers fuses them in memory into
+/// `mlp.experts.gate_up_proj` [E, 2I, H] and `mlp.experts.down_proj` [E, H, I]) and its GGUF source(s).
 pub const HF_TABLE: &[HfDef] = &[
     direct("model.embed_tokens.weight", Role::Embedding, Scope::Global, &[Vocab, Hidden], &[src("token_embd.weight", &[Vocab, Hidden])]),
     direct("model.norm.weight", Role::Norm, Scope::Global, &[Hidden], &[src("output_norm.weight", &[Hidden])]),
@@ -227,6 +250,7 @@ pub const HF_TABLE: &[HfDef] = &[
         shape: &[HeadsKv, KvLora],
         rebuild: Rebuild::KvB,
         gguf: &[src("blk.{L}.attn_k_b.weight", &[Heads, KvLora, Nope]), src("blk.{L}.attn_v_b.weight", &[Heads, V, KvLora])],
+        legacy: Some(src("blk.{L}.attn_kv_b.weight", &[HeadsKv, KvLora])),
     },
     direct("model.layers.{L}.self_attn.o_proj.weight", Role::AttnOut, Scope::Layer, &[Hidden, HeadsV], &[src("blk.{L}.attn_output.weight", &[Hidden, HeadsV])]),
     direct("model.layers.{L}.self_attn.indexer.wq_b.weight", Role::IndexerQB, Scope::Layer, &[IdxQ, QLora], &[src("blk.{L}.indexer.attn_q_b.weight", &[IdxQ, QLora])]),
@@ -239,15 +263,9 @@ pub const HF_TABLE: &[HfDef] = &[
     direct("model.layers.{L}.mlp.down_proj.weight", Role::FfnDown, Scope::Dense, &[Hidden, Inter], &[src("blk.{L}.ffn_down.weight", &[Hidden, Inter])]),
     direct("model.layers.{L}.mlp.gate.weight", Role::Router, Scope::Moe, &[Experts, Hidden], &[src("blk.{L}.ffn_gate_inp.weight", &[Experts, Hidden])]),
     direct("model.layers.{L}.mlp.gate.e_score_correction_bias", Role::RouterBias, Scope::Moe, &[Experts], &[src("blk.{L}.exp_probs_b.bias", &[Experts])]),
-    HfDef {
-        hf: "model.layers.{L}.mlp.experts.gate_up_proj",
-        role: Role::ExpertsGateUp,
-        scope: Scope::Moe,
-        shape: &[Experts, MoeInter2, Hidden],
-        rebuild: Rebuild::ExpertsGateUp,
-        gguf: &[src("blk.{L}.ffn_gate_exps.weight", &[Experts, MoeInter, Hidden]), src("blk.{L}.ffn_up_exps.weight", &[Experts, MoeInter, Hidden])],
-    },
-    direct("model.layers.{L}.mlp.experts.down_proj", Role::ExpertsDown, Scope::Moe, &[Experts, Hidden, MoeInter], &[src("blk.{L}.ffn_down_exps.weight", &[Experts, Hidden, MoeInter])]),
+    expert("model.layers.{L}.mlp.experts.{E}.gate_proj.weight", Role::ExpertGate, &[MoeInter, Hidden], &[src("blk.{L}.ffn_gate_exps.weight", &[Experts, MoeInter, Hidden])]),
+    expert("model.layers.{L}.mlp.experts.{E}.up_proj.weight", Role::ExpertUp, &[MoeInter, Hidden], &[src("blk.{L}.ffn_up_exps.weight", &[Experts, MoeInter, Hidden])]),
+    expert("model.layers.{L}.mlp.experts.{E}.down_proj.weight", Role::ExpertDown, &[Hidden, MoeInter], &[src("blk.{L}.ffn_down_exps.weight", &[Experts, Hidden, MoeInter])]),
     direct("model.layers.{L}.mlp.shared_experts.gate_proj.weight", Role::SharedGate, Scope::Moe, &[SharedInter, Hidden], &[src("blk.{L}.ffn_gate_shexp.weight", &[SharedInter, Hidden])]),
     direct("model.layers.{L}.mlp.shared_experts.up_proj.weight", Role::SharedUp, Scope::Moe, &[SharedInter, Hidden], &[src("blk.{L}.ffn_up_shexp.weight", &[SharedInter, Hidden])]),
     direct("model.layers.{L}.mlp.shared_experts.down_proj.weight", Role::SharedDown, Scope::Moe, &[Hidden, SharedInter], &[src("blk.{L}.ffn_down_shexp.weight", &[Hidden, SharedInter])]),
@@ -272,27 +290,45 @@ pub const VLLM_TABLE: &[VllmDef] = &[
     VllmDef { vllm: "model.layers.{L}.mlp.down_proj.weight", parts: &["model.layers.{L}.mlp.down_proj.weight"], cat_dim: 0, style: TpStyle::Row, scope: Scope::Dense },
     VllmDef { vllm: "model.layers.{L}.mlp.gate.weight", parts: &["model.layers.{L}.mlp.gate.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Moe },
     VllmDef { vllm: "model.layers.{L}.mlp.gate.e_score_correction_bias", parts: &["model.layers.{L}.mlp.gate.e_score_correction_bias"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Moe },
-    VllmDef { vllm: "model.layers.{L}.mlp.experts.w13_weight", parts: &["model.layers.{L}.mlp.experts.gate_up_proj"], cat_dim: 0, style: TpStyle::MoeW13, scope: Scope::Moe },
-    VllmDef { vllm: "model.layers.{L}.mlp.experts.w2_weight", parts: &["model.layers.{L}.mlp.experts.down_proj"], cat_dim: 0, style: TpStyle::MoeW2, scope: Scope::Moe },
+    // Expert parts are stacked over {E} first ([E, I, H]), then concatenated along cat_dim.
+    VllmDef { vllm: "model.layers.{L}.mlp.experts.w13_weight", parts: &["model.layers.{L}.mlp.experts.{E}.gate_proj.weight", "model.layers.{L}.mlp.experts.{E}.up_proj.weight"], cat_dim: 1, style: TpStyle::MoeW13, scope: Scope::Moe },
+    VllmDef { vllm: "model.layers.{L}.mlp.experts.w2_weight", parts: &["model.layers.{L}.mlp.experts.{E}.down_proj.weight"], cat_dim: 0, style: TpStyle::MoeW2, scope: Scope::Moe },
     VllmDef { vllm: "model.layers.{L}.mlp.shared_experts.gate_up_proj.weight", parts: &["model.layers.{L}.mlp.shared_experts.gate_proj.weight", "model.layers.{L}.mlp.shared_experts.up_proj.weight"], cat_dim: 0, style: TpStyle::MergedColumn, scope: Scope::Moe },
     VllmDef { vllm: "model.layers.{L}.mlp.shared_experts.down_proj.weight", parts: &["model.layers.{L}.mlp.shared_experts.down_proj.weight"], cat_dim: 0, style: TpStyle::Row, scope: Scope::Moe },
     VllmDef { vllm: "model.norm.weight", parts: &["model.norm.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Global },
     VllmDef { vllm: "lm_head.weight", parts: &["lm_head.weight"], cat_dim: 0, style: TpStyle::Vocab, scope: Scope::Global },
 ];
 
-/// Fills `{L}` in a template.
-pub fn name(template: &str, layer: Option<usize>) -> String {
-    match layer {
-        Some(l) => template.replace("{L}", &l.to_string()),
-        None => template.to_string(),
+/// Layer and expert indices of a concrete name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Idx {
+    pub layer: Option<usize>,
+    pub expert: Option<usize>,
+}
+
+impl Idx {
+    pub fn layer(l: usize) -> Self {
+        Idx { layer: Some(l), expert: None }
     }
 }
 
-/// A concrete (layer-resolved) HF parameter.
+/// Fills `{L}` (and `{E}`) in a template.
+pub fn name(template: &str, idx: Idx) -> String {
+    let mut s = template.to_string();
+    if let Some(l) = idx.layer {
+        s = s.replace("{L}", &l.to_string());
+    }
+    if let Some(e) = idx.expert {
+        s = s.replace("{E}", &e.to_string());
+    }
+    s
+}
+
+/// A concrete (index-resolved) HF parameter.
 #[derive(Debug, Clone)]
 pub struct HfParam {
     pub name: String,
-    pub layer: Option<usize>,
+    pub idx: Idx,
     pub def: &'static HfDef,
 }
 
@@ -302,20 +338,29 @@ impl HfParam {
     }
 
     pub fn gguf_names(&self) -> Vec<String> {
-        self.def.gguf.iter().map(|s| name(s.name, self.layer)).collect()
+        self.def.gguf.iter().map(|s| name(s.name, self.idx)).collect()
     }
 }
 
-/// Every HF parameter the config implies, in model order (globals at their places in the forward).
+/// Every HF checkpoint parameter the config implies, in model order.
 pub fn hf_params(c: &Config) -> Vec<HfParam> {
     let mut out = Vec::new();
-    let globals = |n: &str| HF_TABLE.iter().find(|d| d.hf == n);
-    if let Some(d) = globals("model.embed_tokens.weight") {
-        out.push(HfParam { name: d.hf.into(), layer: None, def: d });
+    let push = |out: &mut Vec<HfParam>, d: &'static HfDef, idx: Idx| {
+        out.push(HfParam { name: name(d.hf, idx), idx, def: d });
+    };
+    let global = |n: &str| HF_TABLE.iter().find(|d| d.hf == n);
+    if let Some(d) = global("model.embed_tokens.weight") {
+        push(&mut out, d, Idx::default());
     }
     for l in 0..c.num_hidden_layers {
         for d in HF_TABLE.iter().filter(|d| d.scope.has_layer(c, l)) {
-            out.push(HfParam { name: name(d.hf, Some(l)), layer: Some(l), def: d });
+            if d.rebuild == Rebuild::ExpertSlice {
+                for e in 0..c.n_routed_experts {
+                    push(&mut out, d, Idx { layer: Some(l), expert: Some(e) });
+                }
+            } else {
+                push(&mut out, d, Idx::layer(l));
+            }
         }
     }
     for d in HF_TABLE
@@ -325,36 +370,60 @@ pub fn hf_params(c: &Config) -> Vec<HfParam> {
         if d.role == Role::LmHead && c.tie_word_embeddings {
             continue;
         }
-        out.push(HfParam { name: d.hf.into(), layer: None, def: d });
+        push(&mut out, d, Idx::default());
     }
     out
 }
 
-/// Finds the HF definition and layer of a concrete HF parameter name.
-pub fn lookup_hf(param: &str) -> Option<(&'static HfDef, Option<usize>)> {
-    HF_TABLE.iter().find_map(|d| match_template(d.hf, param).map(|l| (d, l)))
+/// Finds the HF definition and indices of a concrete HF parameter name.
+pub fn lookup_hf(param: &str) -> Option<(&'static HfDef, Idx)> {
+    HF_TABLE.iter().find_map(|d| match_template(d.hf, param).map(|i| (d, i)))
+}
+
+/// Finds the vLLM definition and layer of a concrete vLLM parameter name.
+pub fn lookup_vllm(param: &str) -> Option<(&'static VllmDef, Idx)> {
+    VLLM_TABLE
+        .iter()
+        .find_map(|d| match_template(d.vllm, param).map(|i| (d, i)))
 }
 
 /// Finds the GGUF source definition (and its owner) of a concrete GGUF tensor name.
-pub fn lookup_gguf(tensor: &str) -> Option<(&'static HfDef, &'static GgufSrc, Option<usize>)> {
+pub fn lookup_gguf(tensor: &str) -> Option<(&'static HfDef, &'static GgufSrc, Idx)> {
     HF_TABLE.iter().find_map(|d| {
         d.gguf
             .iter()
-            .find_map(|s| match_template(s.name, tensor).map(|l| (d, s, l)))
+            .chain(d.legacy.iter())
+            .find_map(|s| match_template(s.name, tensor).map(|i| (d, s, i)))
     })
 }
 
-/// `Some(layer)` when `concrete` is `template` with `{L}` filled (`Some(None)` for layerless templates).
-pub fn match_template(template: &str, concrete: &str) -> Option<Option<usize>> {
-    match template.split_once("{L}") {
-        None => (template == concrete).then_some(None),
-        Some((pre, post)) => {
-            let mid = concrete.strip_prefix(pre)?.strip_suffix(post)?;
-            if mid.is_empty() || !mid.bytes().all(|b| b.is_ascii_digit()) || (mid.len() > 1 && mid.starts_with('0')) {
-                return None;
-            }
-            mid.parse().ok().map(Some)
+/// The indices when `concrete` is `template` with `{L}` / `{E}` filled by canonical decimal numbers.
+pub fn match_template(template: &str, concrete: &str) -> Option<Idx> {
+    let mut idx = Idx::default();
+    let mut rest_t = template;
+    let mut rest_c = concrete;
+    loop {
+        let next = [("{L}", true), ("{E}", false)]
+            .iter()
+            .filter_map(|&(p, is_layer)| rest_t.find(p).map(|at| (at, is_layer)))
+            .min_by_key(|&(at, _)| at);
+        let Some((at, is_layer)) = next else {
+            return (rest_t == rest_c).then_some(idx);
+        };
+        rest_c = rest_c.strip_prefix(&rest_t[..at])?;
+        rest_t = &rest_t[at + 3..];
+        let digits = rest_c.bytes().take_while(u8::is_ascii_digit).count();
+        let num = &rest_c[..digits];
+        if num.is_empty() || (num.len() > 1 && num.starts_with('0')) {
+            return None;
         }
+        let n: usize = num.parse().ok()?;
+        if is_layer {
+            idx.layer = Some(n);
+        } else {
+            idx.expert = Some(n);
+        }
+        rest_c = &rest_c[digits..];
     }
 }
 
@@ -386,14 +455,18 @@ mod tests {
 
     #[test]
     fn templates_match_only_their_own_names() {
-        assert_eq!(match_template("blk.{L}.attn_k_b.weight", "blk.12.attn_k_b.weight"), Some(Some(12)));
+        assert_eq!(match_template("blk.{L}.attn_k_b.weight", "blk.12.attn_k_b.weight"), Some(Idx::layer(12)));
         assert_eq!(match_template("blk.{L}.attn_k_b.weight", "blk.x.attn_k_b.weight"), None);
         assert_eq!(match_template("blk.{L}.attn_k_b.weight", "blk.012.attn_k_b.weight"), None);
-        assert_eq!(match_template("output.weight", "output.weight"), Some(None));
-        let (d, s, l) = lookup_gguf("blk.3.attn_v_b.weight").unwrap();
+        assert_eq!(match_template("output.weight", "output.weight"), Some(Idx::default()));
+        assert_eq!(
+            match_template("model.layers.{L}.mlp.experts.{E}.up_proj.weight", "model.layers.4.mlp.experts.17.up_proj.weight"),
+            Some(Idx { layer: Some(4), expert: Some(17) })
+        );
+        let (d, s, i) = lookup_gguf("blk.3.attn_v_b.weight").unwrap();
         assert_eq!(d.role, Role::AttnKvB);
         assert_eq!(s.name, "blk.{L}.attn_v_b.weight");
-        assert_eq!(l, Some(3));
+        assert_eq!(i, Idx::layer(3));
     }
 
     #[test]
@@ -408,9 +481,9 @@ mod tests {
         assert_eq!(shape("model.layers.5.self_attn.o_proj.weight"), [6144, 16384]);
         assert_eq!(shape("model.layers.5.self_attn.kv_a_proj_with_mqa.weight"), [576, 6144]);
         assert_eq!(shape("model.layers.5.self_attn.indexer.wq_b.weight"), [4096, 2048]);
-        assert_eq!(shape("model.layers.5.mlp.experts.down_proj"), [256, 6144, 2048]);
-        let n_layer_params = hf_params(&c).len();
-        // 3 dense layers × 17 + 75 MoE layers × 21 + 3 globals
-        assert_eq!(n_layer_params, 3 * 17 + 75 * 21 + 3);
+        assert_eq!(shape("model.layers.5.mlp.experts.255.down_proj.weight"), [6144, 2048]);
+        let n_params = hf_params(&c).len();
+        // 3 dense layers × 17 + 75 MoE layers × (18 + 3 × 256 experts) + 3 globals
+        assert_eq!(n_params, 3 * 17 + 75 * (18 + 3 * 256) + 3);
     }
 }

@@ -53,6 +53,27 @@ impl<'a> TensorRef<'a> {
         }
         dequant::dequantize(&self.info.name, self.info.dtype, bytes)
     }
+
+    /// Rows `start..start + len` of the outermost dimension (`ne[last]`) as f32: one expert of a
+    /// stacked expert tensor, say, without decoding the others.
+    pub fn dequantize_outer(&self, start: u64, len: u64) -> Result<Vec<f32>, DequantError> {
+        let bad = |reason: String| DequantError::Bad {
+            tensor: self.info.name.clone(),
+            reason,
+        };
+        let outer = self.info.ne.last().copied().unwrap_or(1);
+        if start.checked_add(len).is_none_or(|end| end > outer) {
+            return Err(bad(format!("rows {start}..+{len} outside the outer dimension of {outer}")));
+        }
+        let row_bytes = self.info.n_bytes / outer;
+        let bytes = self.bytes();
+        let lo = (start * row_bytes) as usize;
+        let hi = ((start + len) * row_bytes) as usize;
+        let slice = bytes
+            .get(lo..hi)
+            .ok_or_else(|| bad(format!("bytes {lo}..{hi} not readable")))?;
+        dequant::dequantize(&self.info.name, self.info.dtype, slice)
+    }
 }
 
 /// The `-NNNNN-of-NNNNN.gguf` suffix llama.cpp's `llama_split_path` writes.

@@ -1,0 +1,326 @@
+//! `inspect`: what a GGUF holds, under GLM-5's names, and whether it agrees with its own config.
+//! Reads headers only; its time does not grow with file size.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::Serialize;
+
+use crate::arch::config::{ConfigReader, Source};
+use crate::arch::glm_dsa::{self, Idx, Rebuild};
+use crate::arch::{Config, ARCH};
+use crate::gguf::{GgmlType, GgufError, GgufModel, Value};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FileSummary {
+    pub path: String,
+    pub bytes: u64,
+    pub gguf_version: u32,
+    pub tensors: usize,
+    pub alignment: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TypeSummary {
+    pub dtype: GgmlType,
+    pub tensors: usize,
+    pub elements: u64,
+    pub bytes: u64,
+    pub dequantizable: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TensorRow {
+    pub name: String,
+    pub dtype: GgmlType,
+    /// PyTorch order (outermost first).
+    pub shape: Vec<usize>,
+    /// ggml order (innermost first), as stored.
+    pub ne: Vec<u64>,
+    pub bytes: u64,
+    /// The HF parameter(s) this tensor becomes, when it is one of GLM-5's.
+    pub hf: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenizerSummary {
+    pub model: Option<String>,
+    pub pre: Option<String>,
+    pub tokens: usize,
+    pub merges: usize,
+    pub special: BTreeMap<String, SpecialToken>,
+    pub chat_template: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SpecialToken {
+    pub id: u64,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProblemKind {
+    Arch,
+    Missing,
+    Unexpected,
+    WrongShape,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    pub kind: ProblemKind,
+    pub tensor: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected: Option<Vec<usize>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub found: Option<Vec<usize>>,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct InspectReport {
+    pub files: Vec<FileSummary>,
+    pub arch: String,
+    pub config: Config,
+    /// Config fields whose metadata key is missing: GLM-5's default was used.
+    pub defaulted: Vec<String>,
+    pub config_sources: BTreeMap<String, Source>,
+    pub tensor_count: usize,
+    pub total_bytes: u64,
+    pub types: Vec<TypeSummary>,
+    pub tokenizer: Option<TokenizerSummary>,
+    pub tensors: Vec<TensorRow>,
+    pub problems: Vec<Problem>,
+    /// Things worth knowing that are not wrong (ignored MTP tensors, undecodable types).
+    pub notes: Vec<String>,
+}
+
+impl InspectReport {
+    pub fn build(model: &GgufModel) -> Result<Self, GgufError> {
+        let arch = match model.value("general.architecture") {
+            Some(Value::String(s)) => s.clone(),
+            Some(v) => {
+                let e = model.get_meta("general.architecture");
+                return Err(GgufError::invalid(
+                    model.path(),
+                    "metadata `general.architecture`",
+                    e.map_or(0, |e| e.offset),
+                    format!("must be a string, found {}", v.type_name()),
+                ));
+            }
+            None => String::new(),
+        };
+        let mut problems = Vec::new();
+        let prefix = if arch.is_empty() { ARCH } else { arch.as_str() };
+        if arch != ARCH {
+            problems.push(Problem {
+                kind: ProblemKind::Arch,
+                tensor: None,
+                expected: None,
+                found: None,
+                message: format!(
+                    "general.architecture is {:?}, not {ARCH:?}: read as GLM-5 with `{prefix}.*` keys",
+                    arch
+                ),
+            });
+        }
+        let cr = ConfigReader::read(model, prefix)?;
+        let config = cr.config.clone();
+        let defaulted = cr.defaulted().iter().map(|(f, k)| format!("{f} ({k})")).collect();
+        let config_sources = cr.sources.iter().cloned().collect();
+
+        let files = model
+            .parts
+            .iter()
+            .map(|p| FileSummary {
+                path: p.path.display().to_string(),
+                bytes: p.file_size,
+                gguf_version: p.version,
+                tensors: p.tensors.len(),
+                alignment: p.alignment,
+            })
+            .collect();
+
+        let mut by_type: BTreeMap<u32, TypeSummary> = BTreeMap::new();
+        let mut tensors = Vec::with_capacity(model.tensor_count());
+        let mut total_bytes = 0;
+        for t in model.tensors() {
+            let i = t.info;
+            let ts = by_type.entry(i.dtype.id).or_insert(TypeSummary {
+                dtype: i.dtype,
+                tensors: 0,
+                elements: 0,
+                bytes: 0,
+                dequantizable: i.dtype.dequantizable(),
+            });
+            ts.tensors += 1;
+            ts.elements += i.n_elements();
+            ts.bytes += i.n_bytes;
+            total_bytes += i.n_bytes;
+            let hf = glm_dsa::lookup_gguf(&i.name).map(|(d, _, idx)| match d.rebuild {
+                Rebuild::ExpertSlice => glm_dsa::name(d.hf, idx).replace("{E}", "*"),
+                _ => glm_dsa::name(d.hf, idx),
+            });
+            tensors.push(TensorRow {
+                name: i.name.clone(),
+                dtype: i.dtype,
+                shape: i.torch_shape(),
+                ne: i.ne.clone(),
+                bytes: i.n_bytes,
+                hf,
+            });
+        }
+        let mut notes = Vec::new();
+        for ts in by_type.values().filter(|t| !t.dequantizable) {
+            notes.push(format!(
+                "{} tensor(s) of type {} are inventoried but cannot be dequantized by glmcheck",
+                ts.tensors, ts.dtype
+            ));
+        }
+        let (shape_problems, shape_notes) = check_tensors(model, &config);
+        problems.extend(shape_problems);
+        notes.extend(shape_notes);
+
+        Ok(InspectReport {
+            files,
+            arch,
+            config,
+            defaulted,
+            config_sources,
+            tensor_count: model.tensor_count(),
+            total_bytes,
+            types: by_type.into_values().collect(),
+            tokenizer: tokenizer_summary(model),
+            tensors,
+            problems,
+            notes,
+        })
+    }
+}
+
+/// Every tensor against the config: missing, unexpected, wrong shape.
+pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String>) {
+    let mut problems = Vec::new();
+    let mut expected: HashSet<String> = HashSet::new();
+    let mut check = |problems: &mut Vec<Problem>, tensor: String, shape: Vec<usize>, for_param: &str| {
+        match model.tensor(&tensor) {
+            None => problems.push(Problem {
+                kind: ProblemKind::Missing,
+                message: format!("`{tensor}` (for {for_param}) is not in the file"),
+                tensor: Some(tensor.clone()),
+                expected: Some(shape),
+                found: None,
+            }),
+            Some(t) => {
+                let found = t.info.torch_shape();
+                if found != shape {
+                    problems.push(Problem {
+                        kind: ProblemKind::WrongShape,
+                        message: format!(
+                            "`{tensor}` has shape {found:?}, the config implies {shape:?} (for {for_param})"
+                        ),
+                        tensor: Some(tensor.clone()),
+                        expected: Some(shape),
+                        found: Some(found),
+                    });
+                }
+            }
+        }
+        expected.insert(tensor);
+    };
+    let layers: Vec<Option<usize>> = std::iter::once(None)
+        .chain((0..c.num_hidden_layers).map(Some))
+        .collect();
+    for layer in layers {
+        for d in glm_dsa::HF_TABLE.iter() {
+            let applies = match layer {
+                None => d.scope == glm_dsa::Scope::Global,
+                Some(l) => d.scope.has_layer(c, l),
+            };
+            if !applies || (d.role == glm_dsa::Role::LmHead && c.tie_word_embeddings) {
+                continue;
+            }
+            let idx = Idx { layer, expert: None };
+            let param = glm_dsa::name(d.hf, idx).replace("{E}", "*");
+            let use_legacy = d.legacy.filter(|lg| {
+                model.tensor(&glm_dsa::name(d.gguf[0].name, idx)).is_none()
+                    && model.tensor(&glm_dsa::name(lg.name, idx)).is_some()
+            });
+            let sources: Vec<_> = match use_legacy {
+                Some(lg) => vec![lg],
+                None => d.gguf.to_vec(),
+            };
+            for s in sources {
+                check(&mut problems, glm_dsa::name(s.name, idx), glm_dsa::resolve(s.shape, c), &param);
+            }
+        }
+    }
+    let mut notes = Vec::new();
+    let mut mtp = 0;
+    for t in model.tensors() {
+        let n = &t.info.name;
+        if expected.contains(n) {
+            continue;
+        }
+        let layer = glm_dsa::gguf_layer(n);
+        if layer.is_some_and(|l| l >= c.num_hidden_layers && l < c.gguf_block_count()) {
+            mtp += 1;
+            continue;
+        }
+        problems.push(Problem {
+            kind: ProblemKind::Unexpected,
+            tensor: Some(n.clone()),
+            expected: None,
+            found: Some(t.info.torch_shape()),
+            message: match layer {
+                Some(l) if l >= c.num_hidden_layers => format!(
+                    "`{n}` belongs to layer {l}, but the config has {} layers (+{} MTP)",
+                    c.num_hidden_layers, c.num_nextn_predict_layers
+                ),
+                _ => format!("`{n}` is not a glm-dsa tensor glmcheck knows"),
+            },
+        });
+    }
+    if mtp > 0 {
+        notes.push(format!(
+            "{mtp} tensor(s) of the MTP (nextn) layer(s) {}..{} are not part of the forward and are not checked",
+            c.num_hidden_layers,
+            c.gguf_block_count()
+        ));
+    }
+    (problems, notes)
+}
+
+fn tokenizer_summary(model: &GgufModel) -> Option<TokenizerSummary> {
+    let s = |k: &str| model.value(k).and_then(Value::as_str).map(str::to_string);
+    let tokens = model.value("tokenizer.ggml.tokens").and_then(Value::as_array);
+    let model_name = s("tokenizer.ggml.model");
+    if tokens.is_none() && model_name.is_none() {
+        return None;
+    }
+    let merges = model
+        .value("tokenizer.ggml.merges")
+        .and_then(Value::as_array)
+        .map_or(0, <[Value]>::len);
+    let mut special = BTreeMap::new();
+    for key in ["bos", "eos", "eot", "eom", "unknown", "padding", "seperator", "mask"] {
+        if let Some(id) = model
+            .value(&format!("tokenizer.ggml.{key}_token_id"))
+            .and_then(Value::as_u64)
+        {
+            let text = tokens
+                .and_then(|t| t.get(id as usize))
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            special.insert(key.to_string(), SpecialToken { id, text });
+        }
+    }
+    Some(TokenizerSummary {
+        model: model_name,
+        pre: s("tokenizer.ggml.pre"),
+        tokens: tokens.map_or(0, <[Value]>::len),
+        merges,
+        special,
+        chat_template: model.value("tokenizer.chat_template").is_some(),
+    })
+}
