@@ -126,7 +126,11 @@ impl InspectReport {
         }
         let cr = ConfigReader::read(model, prefix)?;
         let config = cr.config.clone();
-        let defaulted = cr.defaulted().iter().map(|(f, k)| format!("{f} ({k})")).collect();
+        let defaulted = cr
+            .defaulted()
+            .iter()
+            .map(|(f, k)| format!("{f} ({k})"))
+            .collect();
         let config_sources = cr.sources.iter().cloned().collect();
 
         let files = model
@@ -202,7 +206,10 @@ impl InspectReport {
 pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String>) {
     let mut problems = Vec::new();
     let mut expected: HashSet<String> = HashSet::new();
-    let mut check = |problems: &mut Vec<Problem>, tensor: String, shape: Vec<usize>, for_param: &str| {
+    let mut check = |problems: &mut Vec<Problem>,
+                     tensor: String,
+                     shape: Vec<usize>,
+                     for_param: &str| {
         match model.tensor(&tensor) {
             None => problems.push(Problem {
                 kind: ProblemKind::Missing,
@@ -240,7 +247,10 @@ pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String
             if !applies || (d.role == glm_dsa::Role::LmHead && c.tie_word_embeddings) {
                 continue;
             }
-            let idx = Idx { layer, expert: None };
+            let idx = Idx {
+                layer,
+                expert: None,
+            };
             let param = glm_dsa::name(d.hf, idx).replace("{E}", "*");
             let use_legacy = d.legacy.filter(|lg| {
                 model.tensor(&glm_dsa::name(d.gguf[0].name, idx)).is_none()
@@ -251,7 +261,12 @@ pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String
                 None => d.gguf.to_vec(),
             };
             for s in sources {
-                check(&mut problems, glm_dsa::name(s.name, idx), glm_dsa::resolve(s.shape, c), &param);
+                check(
+                    &mut problems,
+                    glm_dsa::name(s.name, idx),
+                    glm_dsa::resolve(s.shape, c),
+                    &param,
+                );
             }
         }
     }
@@ -293,7 +308,9 @@ pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String
 
 fn tokenizer_summary(model: &GgufModel) -> Option<TokenizerSummary> {
     let s = |k: &str| model.value(k).and_then(Value::as_str).map(str::to_string);
-    let tokens = model.value("tokenizer.ggml.tokens").and_then(Value::as_array);
+    let tokens = model
+        .value("tokenizer.ggml.tokens")
+        .and_then(Value::as_array);
     let model_name = s("tokenizer.ggml.model");
     if tokens.is_none() && model_name.is_none() {
         return None;
@@ -303,7 +320,16 @@ fn tokenizer_summary(model: &GgufModel) -> Option<TokenizerSummary> {
         .and_then(Value::as_array)
         .map_or(0, <[Value]>::len);
     let mut special = BTreeMap::new();
-    for key in ["bos", "eos", "eot", "eom", "unknown", "padding", "seperator", "mask"] {
+    for key in [
+        "bos",
+        "eos",
+        "eot",
+        "eom",
+        "unknown",
+        "padding",
+        "seperator",
+        "mask",
+    ] {
         if let Some(id) = model
             .value(&format!("tokenizer.ggml.{key}_token_id"))
             .and_then(Value::as_u64)

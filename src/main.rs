@@ -124,7 +124,8 @@ fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
 
 fn print_text(text: &str) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes()).context("writing to stdout")?;
+    out.write_all(text.as_bytes())
+        .context("writing to stdout")?;
     Ok(())
 }
 

@@ -30,7 +30,8 @@ pub struct TensorStats {
 }
 
 pub fn stats_of(values: &[f32]) -> (f64, f64, f64, u64, u64) {
-    let (mut absmax, mut sum, mut sumsq, mut nan, mut inf, mut n) = (0f64, 0f64, 0f64, 0u64, 0u64, 0u64);
+    let (mut absmax, mut sum, mut sumsq, mut nan, mut inf, mut n) =
+        (0f64, 0f64, 0f64, 0u64, 0u64, 0u64);
     for &v in values {
         if v.is_nan() {
             nan += 1;
@@ -45,7 +46,11 @@ pub fn stats_of(values: &[f32]) -> (f64, f64, f64, u64, u64) {
         }
     }
     let mean = if n > 0 { sum / n as f64 } else { 0.0 };
-    let var = if n > 0 { (sumsq / n as f64 - mean * mean).max(0.0) } else { 0.0 };
+    let var = if n > 0 {
+        (sumsq / n as f64 - mean * mean).max(0.0)
+    } else {
+        0.0
+    };
     (absmax, mean, var.sqrt(), nan, inf)
 }
 
@@ -136,7 +141,10 @@ mod tests {
 
     #[test]
     fn globs() {
-        assert!(glob_match("blk.*.attn_k_b.weight", "blk.12.attn_k_b.weight"));
+        assert!(glob_match(
+            "blk.*.attn_k_b.weight",
+            "blk.12.attn_k_b.weight"
+        ));
         assert!(glob_match("*", "anything"));
         assert!(glob_match("blk.?.ffn*", "blk.1.ffn_up_exps.weight"));
         assert!(!glob_match("blk.?.ffn*", "blk.10.ffn_up_exps.weight"));

@@ -24,11 +24,10 @@ pub enum WeightError {
     Unknown(String),
     #[error(transparent)]
     Dequant(#[from] DequantError),
-    #[error("{param}: {source}")]
+    #[error("{param}: {err}")]
     Candle {
         param: String,
-        #[source]
-        source: candle_core::Error,
+        err: candle_core::Error,
     },
 }
 
@@ -57,16 +56,19 @@ impl<'a> Weights<'a> {
     ) -> Result<Tensor, WeightError> {
         let t = match expected {
             Some(e) => self.checked(param, tensor, e)?,
-            None => self.model.tensor(tensor).ok_or_else(|| WeightError::Missing {
-                param: param.into(),
-                tensor: tensor.into(),
-            })?,
+            None => self
+                .model
+                .tensor(tensor)
+                .ok_or_else(|| WeightError::Missing {
+                    param: param.into(),
+                    tensor: tensor.into(),
+                })?,
         };
         let shape = t.info.torch_shape();
         let data = t.dequantize()?;
-        Tensor::from_vec(data, shape, &self.device).map_err(|source| WeightError::Candle {
+        Tensor::from_vec(data, shape, &self.device).map_err(|err| WeightError::Candle {
             param: param.into(),
-            source,
+            err,
         })
     }
 
@@ -93,9 +95,9 @@ impl<'a> Weights<'a> {
 
     fn rebuild(&self, param: &str, def: &HfDef, idx: Idx) -> Result<Tensor, WeightError> {
         let c = self.config;
-        let candle = |source| WeightError::Candle {
+        let candle = |err| WeightError::Candle {
             param: param.into(),
-            source,
+            err,
         };
         let src = |i: usize| {
             let s = &def.gguf[i];
@@ -125,7 +127,9 @@ impl<'a> Weights<'a> {
                     .map_err(candle)
             }
             Rebuild::ExpertSlice => {
-                let e = idx.expert.ok_or_else(|| WeightError::Unknown(param.into()))?;
+                let e = idx
+                    .expert
+                    .ok_or_else(|| WeightError::Unknown(param.into()))?;
                 let s = &def.gguf[0];
                 let stacked = glm_dsa::resolve(s.shape, c);
                 let tensor = glm_dsa::name(s.name, idx);
@@ -142,10 +146,13 @@ impl<'a> Weights<'a> {
         tensor: &str,
         expected: &[usize],
     ) -> Result<crate::gguf::TensorRef<'a>, WeightError> {
-        let t = self.model.tensor(tensor).ok_or_else(|| WeightError::Missing {
-            param: param.into(),
-            tensor: tensor.into(),
-        })?;
+        let t = self
+            .model
+            .tensor(tensor)
+            .ok_or_else(|| WeightError::Missing {
+                param: param.into(),
+                tensor: tensor.into(),
+            })?;
         let shape = t.info.torch_shape();
         if expected != shape.as_slice() {
             return Err(WeightError::Shape {
@@ -168,7 +175,11 @@ impl<'a> Weights<'a> {
         self.check_idx(&param, def.scope, Idx::layer(layer))?;
         let s = &def.gguf[0];
         let shape = glm_dsa::resolve(s.shape, self.config);
-        self.gguf_tensor(&param, &glm_dsa::name(s.name, Idx::layer(layer)), Some(&shape))
+        self.gguf_tensor(
+            &param,
+            &glm_dsa::name(s.name, Idx::layer(layer)),
+            Some(&shape),
+        )
     }
 
     /// A vLLM parameter by name (`model.layers.3.self_attn.fused_qkv_a_proj.weight`), unsharded.
@@ -185,11 +196,14 @@ impl<'a> Weights<'a> {
             })
             .collect::<Result<Vec<_>, _>>()?;
         if parts.len() == 1 {
-            return parts.into_iter().next().ok_or_else(|| WeightError::Unknown(param.into()));
+            return parts
+                .into_iter()
+                .next()
+                .ok_or_else(|| WeightError::Unknown(param.into()));
         }
-        Tensor::cat(&parts, def.cat_dim).map_err(|source| WeightError::Candle {
+        Tensor::cat(&parts, def.cat_dim).map_err(|err| WeightError::Candle {
             param: param.into(),
-            source,
+            err,
         })
     }
 }

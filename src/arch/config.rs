@@ -208,7 +208,8 @@ impl<'a> ConfigReader<'a> {
     }
 
     fn derived(&mut self, field: &str, how: &str) {
-        self.sources.push((field.into(), Source::Derived(how.into())));
+        self.sources
+            .push((field.into(), Source::Derived(how.into())));
     }
 
     /// Reads the config of a `glm-dsa` model (or of another architecture's keys under its own prefix).
@@ -232,31 +233,53 @@ impl<'a> ConfigReader<'a> {
                 &format!("at most block_count ({block_count}) layers"),
             )
         })?;
-        let num_attention_heads = r.uint("num_attention_heads", "attention.head_count", d.num_attention_heads)?;
+        let num_attention_heads = r.uint(
+            "num_attention_heads",
+            "attention.head_count",
+            d.num_attention_heads,
+        )?;
         r.derived(
             "num_key_value_heads",
             "num_attention_heads (MLA: the GGUF's head_count_kv of 1 is the compressed latent)",
         );
         let q_lora_rank = r.uint("q_lora_rank", "attention.q_lora_rank", d.q_lora_rank)?;
         let kv_lora_rank = r.uint("kv_lora_rank", "attention.kv_lora_rank", d.kv_lora_rank)?;
-        let qk_rope_head_dim = r.uint("qk_rope_head_dim", "rope.dimension_count", d.qk_rope_head_dim)?;
-        let key_length_mla = r.uint("qk_nope_head_dim", "attention.key_length_mla", d.qk_head_dim())?;
+        let qk_rope_head_dim = r.uint(
+            "qk_rope_head_dim",
+            "rope.dimension_count",
+            d.qk_rope_head_dim,
+        )?;
+        let key_length_mla = r.uint(
+            "qk_nope_head_dim",
+            "attention.key_length_mla",
+            d.qk_head_dim(),
+        )?;
         // The entry just pushed describes key_length_mla; qk_nope_head_dim is derived from it.
         if let Some((_, src)) = r.sources.last_mut() {
             if let Source::Metadata(k) = src {
                 *src = Source::Derived(format!("{k} - rope.dimension_count"));
             }
         }
-        let qk_nope_head_dim = key_length_mla.checked_sub(qk_rope_head_dim).ok_or_else(|| {
-            r.wrong_type(
-                &r.key("attention.key_length_mla"),
-                &format!("at least rope.dimension_count ({qk_rope_head_dim})"),
-            )
-        })?;
+        let qk_nope_head_dim = key_length_mla
+            .checked_sub(qk_rope_head_dim)
+            .ok_or_else(|| {
+                r.wrong_type(
+                    &r.key("attention.key_length_mla"),
+                    &format!("at least rope.dimension_count ({qk_rope_head_dim})"),
+                )
+            })?;
         let v_head_dim = r.uint("v_head_dim", "attention.value_length_mla", d.v_head_dim)?;
         let n_routed_experts = r.uint("n_routed_experts", "expert_count", d.n_routed_experts)?;
-        let num_experts_per_tok = r.uint("num_experts_per_tok", "expert_used_count", d.num_experts_per_tok)?;
-        let n_shared_experts = r.uint("n_shared_experts", "expert_shared_count", d.n_shared_experts)?;
+        let num_experts_per_tok = r.uint(
+            "num_experts_per_tok",
+            "expert_used_count",
+            d.num_experts_per_tok,
+        )?;
+        let n_shared_experts = r.uint(
+            "n_shared_experts",
+            "expert_shared_count",
+            d.n_shared_experts,
+        )?;
         let n_group = r.uint("n_group", "expert_group_count", d.n_group)?;
         let topk_group = r.uint("topk_group", "expert_group_used_count", d.topk_group)?;
         let moe_intermediate_size = r.uint(
@@ -264,7 +287,11 @@ impl<'a> ConfigReader<'a> {
             "expert_feed_forward_length",
             d.moe_intermediate_size,
         )?;
-        let intermediate_size = r.uint("intermediate_size", "feed_forward_length", d.intermediate_size)?;
+        let intermediate_size = r.uint(
+            "intermediate_size",
+            "feed_forward_length",
+            d.intermediate_size,
+        )?;
         let first_k_dense_replace = r.uint(
             "first_k_dense_replace",
             "leading_dense_block_count",
@@ -275,12 +302,25 @@ impl<'a> ConfigReader<'a> {
             "expert_weights_scale",
             d.routed_scaling_factor,
         )?;
-        let norm_topk_prob = r.boolean("norm_topk_prob", "expert_weights_norm", d.norm_topk_prob)?;
-        let index_n_heads = r.uint("index_n_heads", "attention.indexer.head_count", d.index_n_heads)?;
-        let index_head_dim = r.uint("index_head_dim", "attention.indexer.key_length", d.index_head_dim)?;
+        let norm_topk_prob =
+            r.boolean("norm_topk_prob", "expert_weights_norm", d.norm_topk_prob)?;
+        let index_n_heads = r.uint(
+            "index_n_heads",
+            "attention.indexer.head_count",
+            d.index_n_heads,
+        )?;
+        let index_head_dim = r.uint(
+            "index_head_dim",
+            "attention.indexer.key_length",
+            d.index_head_dim,
+        )?;
         let index_topk = r.uint("index_topk", "attention.indexer.top_k", d.index_topk)?;
         let rope_theta = r.float("rope_theta", "rope.freq_base", d.rope_theta)?;
-        let rms_norm_eps = r.float("rms_norm_eps", "attention.layer_norm_rms_epsilon", d.rms_norm_eps)?;
+        let rms_norm_eps = r.float(
+            "rms_norm_eps",
+            "attention.layer_norm_rms_epsilon",
+            d.rms_norm_eps,
+        )?;
         let max_position_embeddings = r.uint(
             "max_position_embeddings",
             "context_length",
@@ -290,7 +330,8 @@ impl<'a> ConfigReader<'a> {
         let gating_key = r.key("expert_gating_func");
         let scoring_func = match r.raw(&gating_key) {
             None => {
-                r.sources.push(("scoring_func".into(), Source::Default(gating_key)));
+                r.sources
+                    .push(("scoring_func".into(), Source::Default(gating_key)));
                 d.scoring_func.clone()
             }
             Some(v) => {
@@ -300,7 +341,8 @@ impl<'a> ConfigReader<'a> {
                     Some(3) => "softmax_weight",
                     _ => return Err(r.wrong_type(&gating_key, "1 (softmax), 2 (sigmoid) or 3")),
                 };
-                r.sources.push(("scoring_func".into(), Source::Metadata(gating_key)));
+                r.sources
+                    .push(("scoring_func".into(), Source::Metadata(gating_key)));
                 s.to_string()
             }
         };
@@ -311,7 +353,8 @@ impl<'a> ConfigReader<'a> {
                 .as_u64()
                 .and_then(|n| usize::try_from(n).ok())
                 .ok_or_else(|| r.wrong_type(&vocab_key, "a non-negative integer"))?;
-            r.sources.push(("vocab_size".into(), Source::Metadata(vocab_key)));
+            r.sources
+                .push(("vocab_size".into(), Source::Metadata(vocab_key)));
             n
         } else if let Some(n) = model
             .value("tokenizer.ggml.tokens")
@@ -324,7 +367,8 @@ impl<'a> ConfigReader<'a> {
             r.derived("vocab_size", "token_embd.weight ne[1]");
             t.info.ne.get(1).copied().unwrap_or(0) as usize
         } else {
-            r.sources.push(("vocab_size".into(), Source::Default(vocab_key)));
+            r.sources
+                .push(("vocab_size".into(), Source::Default(vocab_key)));
             d.vocab_size
         };
         let tie_word_embeddings = model.tensor("output.weight").is_none();

@@ -233,70 +233,394 @@ const fn expert(
 /// experts per expert, `{E}`, as in zai-org's release — transformers fuses them in memory into
 /// `mlp.experts.gate_up_proj` [E, 2I, H] and `mlp.experts.down_proj` [E, H, I]) and its GGUF source(s).
 pub const HF_TABLE: &[HfDef] = &[
-    direct("model.embed_tokens.weight", Role::Embedding, Scope::Global, &[Vocab, Hidden], &[src("token_embd.weight", &[Vocab, Hidden])]),
-    direct("model.norm.weight", Role::Norm, Scope::Global, &[Hidden], &[src("output_norm.weight", &[Hidden])]),
-    direct("lm_head.weight", Role::LmHead, Scope::Global, &[Vocab, Hidden], &[src("output.weight", &[Vocab, Hidden])]),
-    direct("model.layers.{L}.input_layernorm.weight", Role::Norm, Scope::Layer, &[Hidden], &[src("blk.{L}.attn_norm.weight", &[Hidden])]),
-    direct("model.layers.{L}.post_attention_layernorm.weight", Role::Norm, Scope::Layer, &[Hidden], &[src("blk.{L}.ffn_norm.weight", &[Hidden])]),
-    direct("model.layers.{L}.self_attn.q_a_proj.weight", Role::AttnQA, Scope::Layer, &[QLora, Hidden], &[src("blk.{L}.attn_q_a.weight", &[QLora, Hidden])]),
-    direct("model.layers.{L}.self_attn.q_a_layernorm.weight", Role::Norm, Scope::Layer, &[QLora], &[src("blk.{L}.attn_q_a_norm.weight", &[QLora])]),
-    direct("model.layers.{L}.self_attn.q_b_proj.weight", Role::AttnQB, Scope::Layer, &[HeadsQk, QLora], &[src("blk.{L}.attn_q_b.weight", &[HeadsQk, QLora])]),
-    direct("model.layers.{L}.self_attn.kv_a_proj_with_mqa.weight", Role::AttnKvA, Scope::Layer, &[KvA, Hidden], &[src("blk.{L}.attn_kv_a_mqa.weight", &[KvA, Hidden])]),
-    direct("model.layers.{L}.self_attn.kv_a_layernorm.weight", Role::Norm, Scope::Layer, &[KvLora], &[src("blk.{L}.attn_kv_a_norm.weight", &[KvLora])]),
+    direct(
+        "model.embed_tokens.weight",
+        Role::Embedding,
+        Scope::Global,
+        &[Vocab, Hidden],
+        &[src("token_embd.weight", &[Vocab, Hidden])],
+    ),
+    direct(
+        "model.norm.weight",
+        Role::Norm,
+        Scope::Global,
+        &[Hidden],
+        &[src("output_norm.weight", &[Hidden])],
+    ),
+    direct(
+        "lm_head.weight",
+        Role::LmHead,
+        Scope::Global,
+        &[Vocab, Hidden],
+        &[src("output.weight", &[Vocab, Hidden])],
+    ),
+    direct(
+        "model.layers.{L}.input_layernorm.weight",
+        Role::Norm,
+        Scope::Layer,
+        &[Hidden],
+        &[src("blk.{L}.attn_norm.weight", &[Hidden])],
+    ),
+    direct(
+        "model.layers.{L}.post_attention_layernorm.weight",
+        Role::Norm,
+        Scope::Layer,
+        &[Hidden],
+        &[src("blk.{L}.ffn_norm.weight", &[Hidden])],
+    ),
+    direct(
+        "model.layers.{L}.self_attn.q_a_proj.weight",
+        Role::AttnQA,
+        Scope::Layer,
+        &[QLora, Hidden],
+        &[src("blk.{L}.attn_q_a.weight", &[QLora, Hidden])],
+    ),
+    direct(
+        "model.layers.{L}.self_attn.q_a_layernorm.weight",
+        Role::Norm,
+        Scope::Layer,
+        &[QLora],
+        &[src("blk.{L}.attn_q_a_norm.weight", &[QLora])],
+    ),
+    direct(
+        "model.layers.{L}.self_attn.q_b_proj.weight",
+        Role::AttnQB,
+        Scope::Layer,
+        &[HeadsQk, QLora],
+        &[src("blk.{L}.attn_q_b.weight", &[HeadsQk, QLora])],
+    ),
+    direct(
+        "model.layers.{L}.self_attn.kv_a_proj_with_mqa.weight",
+        Role::AttnKvA,
+        Scope::Layer,
+        &[KvA, Hidden],
+        &[src("blk.{L}.attn_kv_a_mqa.weight", &[KvA, Hidden])],
+    ),
+    direct(
+        "model.layers.{L}.self_attn.kv_a_layernorm.weight",
+        Role::Norm,
+        Scope::Layer,
+        &[KvLora],
+        &[src("blk.{L}.attn_kv_a_norm.weight", &[KvLora])],
+    ),
     HfDef {
         hf: "model.layers.{L}.self_attn.kv_b_proj.weight",
         role: Role::AttnKvB,
         scope: Scope::Layer,
         shape: &[HeadsKv, KvLora],
         rebuild: Rebuild::KvB,
-        gguf: &[src("blk.{L}.attn_k_b.weight", &[Heads, KvLora, Nope]), src("blk.{L}.attn_v_b.weight", &[Heads, V, KvLora])],
+        gguf: &[
+            src("blk.{L}.attn_k_b.weight", &[Heads, KvLora, Nope]),
+            src("blk.{L}.attn_v_b.weight", &[Heads, V, KvLora]),
+        ],
         legacy: Some(src("blk.{L}.attn_kv_b.weight", &[HeadsKv, KvLora])),
     },
-    direct("model.layers.{L}.self_attn.o_proj.weight", Role::AttnOut, Scope::Layer, &[Hidden, HeadsV], &[src("blk.{L}.attn_output.weight", &[Hidden, HeadsV])]),
-    direct("model.layers.{L}.self_attn.indexer.wq_b.weight", Role::IndexerQB, Scope::Layer, &[IdxQ, QLora], &[src("blk.{L}.indexer.attn_q_b.weight", &[IdxQ, QLora])]),
-    direct("model.layers.{L}.self_attn.indexer.wk.weight", Role::IndexerK, Scope::Layer, &[IdxDim, Hidden], &[src("blk.{L}.indexer.attn_k.weight", &[IdxDim, Hidden])]),
-    direct("model.layers.{L}.self_attn.indexer.k_norm.weight", Role::Norm, Scope::Layer, &[IdxDim], &[src("blk.{L}.indexer.k_norm.weight", &[IdxDim])]),
-    direct("model.layers.{L}.self_attn.indexer.k_norm.bias", Role::NormBias, Scope::Layer, &[IdxDim], &[src("blk.{L}.indexer.k_norm.bias", &[IdxDim])]),
-    direct("model.layers.{L}.self_attn.indexer.weights_proj.weight", Role::IndexerWeights, Scope::Layer, &[IdxHeads, Hidden], &[src("blk.{L}.indexer.proj.weight", &[IdxHeads, Hidden])]),
-    direct("model.layers.{L}.mlp.gate_proj.weight", Role::FfnGate, Scope::Dense, &[Inter, Hidden], &[src("blk.{L}.ffn_gate.weight", &[Inter, Hidden])]),
-    direct("model.layers.{L}.mlp.up_proj.weight", Role::FfnUp, Scope::Dense, &[Inter, Hidden], &[src("blk.{L}.ffn_up.weight", &[Inter, Hidden])]),
-    direct("model.layers.{L}.mlp.down_proj.weight", Role::FfnDown, Scope::Dense, &[Hidden, Inter], &[src("blk.{L}.ffn_down.weight", &[Hidden, Inter])]),
-    direct("model.layers.{L}.mlp.gate.weight", Role::Router, Scope::Moe, &[Experts, Hidden], &[src("blk.{L}.ffn_gate_inp.weight", &[Experts, Hidden])]),
-    direct("model.layers.{L}.mlp.gate.e_score_correction_bias", Role::RouterBias, Scope::Moe, &[Experts], &[src("blk.{L}.exp_probs_b.bias", &[Experts])]),
-    expert("model.layers.{L}.mlp.experts.{E}.gate_proj.weight", Role::ExpertGate, &[MoeInter, Hidden], &[src("blk.{L}.ffn_gate_exps.weight", &[Experts, MoeInter, Hidden])]),
-    expert("model.layers.{L}.mlp.experts.{E}.up_proj.weight", Role::ExpertUp, &[MoeInter, Hidden], &[src("blk.{L}.ffn_up_exps.weight", &[Experts, MoeInter, Hidden])]),
-    expert("model.layers.{L}.mlp.experts.{E}.down_proj.weight", Role::ExpertDown, &[Hidden, MoeInter], &[src("blk.{L}.ffn_down_exps.weight", &[Experts, Hidden, MoeInter])]),
-    direct("model.layers.{L}.mlp.shared_experts.gate_proj.weight", Role::SharedGate, Scope::Moe, &[SharedInter, Hidden], &[src("blk.{L}.ffn_gate_shexp.weight", &[SharedInter, Hidden])]),
-    direct("model.layers.{L}.mlp.shared_experts.up_proj.weight", Role::SharedUp, Scope::Moe, &[SharedInter, Hidden], &[src("blk.{L}.ffn_up_shexp.weight", &[SharedInter, Hidden])]),
-    direct("model.layers.{L}.mlp.shared_experts.down_proj.weight", Role::SharedDown, Scope::Moe, &[Hidden, SharedInter], &[src("blk.{L}.ffn_down_shexp.weight", &[Hidden, SharedInter])]),
+    direct(
+        "model.layers.{L}.self_attn.o_proj.weight",
+        Role::AttnOut,
+        Scope::Layer,
+        &[Hidden, HeadsV],
+        &[src("blk.{L}.attn_output.weight", &[Hidden, HeadsV])],
+    ),
+    direct(
+        "model.layers.{L}.self_attn.indexer.wq_b.weight",
+        Role::IndexerQB,
+        Scope::Layer,
+        &[IdxQ, QLora],
+        &[src("blk.{L}.indexer.attn_q_b.weight", &[IdxQ, QLora])],
+    ),
+    direct(
+        "model.layers.{L}.self_attn.indexer.wk.weight",
+        Role::IndexerK,
+        Scope::Layer,
+        &[IdxDim, Hidden],
+        &[src("blk.{L}.indexer.attn_k.weight", &[IdxDim, Hidden])],
+    ),
+    direct(
+        "model.layers.{L}.self_attn.indexer.k_norm.weight",
+        Role::Norm,
+        Scope::Layer,
+        &[IdxDim],
+        &[src("blk.{L}.indexer.k_norm.weight", &[IdxDim])],
+    ),
+    direct(
+        "model.layers.{L}.self_attn.indexer.k_norm.bias",
+        Role::NormBias,
+        Scope::Layer,
+        &[IdxDim],
+        &[src("blk.{L}.indexer.k_norm.bias", &[IdxDim])],
+    ),
+    direct(
+        "model.layers.{L}.self_attn.indexer.weights_proj.weight",
+        Role::IndexerWeights,
+        Scope::Layer,
+        &[IdxHeads, Hidden],
+        &[src("blk.{L}.indexer.proj.weight", &[IdxHeads, Hidden])],
+    ),
+    direct(
+        "model.layers.{L}.mlp.gate_proj.weight",
+        Role::FfnGate,
+        Scope::Dense,
+        &[Inter, Hidden],
+        &[src("blk.{L}.ffn_gate.weight", &[Inter, Hidden])],
+    ),
+    direct(
+        "model.layers.{L}.mlp.up_proj.weight",
+        Role::FfnUp,
+        Scope::Dense,
+        &[Inter, Hidden],
+        &[src("blk.{L}.ffn_up.weight", &[Inter, Hidden])],
+    ),
+    direct(
+        "model.layers.{L}.mlp.down_proj.weight",
+        Role::FfnDown,
+        Scope::Dense,
+        &[Hidden, Inter],
+        &[src("blk.{L}.ffn_down.weight", &[Hidden, Inter])],
+    ),
+    direct(
+        "model.layers.{L}.mlp.gate.weight",
+        Role::Router,
+        Scope::Moe,
+        &[Experts, Hidden],
+        &[src("blk.{L}.ffn_gate_inp.weight", &[Experts, Hidden])],
+    ),
+    direct(
+        "model.layers.{L}.mlp.gate.e_score_correction_bias",
+        Role::RouterBias,
+        Scope::Moe,
+        &[Experts],
+        &[src("blk.{L}.exp_probs_b.bias", &[Experts])],
+    ),
+    expert(
+        "model.layers.{L}.mlp.experts.{E}.gate_proj.weight",
+        Role::ExpertGate,
+        &[MoeInter, Hidden],
+        &[src(
+            "blk.{L}.ffn_gate_exps.weight",
+            &[Experts, MoeInter, Hidden],
+        )],
+    ),
+    expert(
+        "model.layers.{L}.mlp.experts.{E}.up_proj.weight",
+        Role::ExpertUp,
+        &[MoeInter, Hidden],
+        &[src(
+            "blk.{L}.ffn_up_exps.weight",
+            &[Experts, MoeInter, Hidden],
+        )],
+    ),
+    expert(
+        "model.layers.{L}.mlp.experts.{E}.down_proj.weight",
+        Role::ExpertDown,
+        &[Hidden, MoeInter],
+        &[src(
+            "blk.{L}.ffn_down_exps.weight",
+            &[Experts, Hidden, MoeInter],
+        )],
+    ),
+    direct(
+        "model.layers.{L}.mlp.shared_experts.gate_proj.weight",
+        Role::SharedGate,
+        Scope::Moe,
+        &[SharedInter, Hidden],
+        &[src("blk.{L}.ffn_gate_shexp.weight", &[SharedInter, Hidden])],
+    ),
+    direct(
+        "model.layers.{L}.mlp.shared_experts.up_proj.weight",
+        Role::SharedUp,
+        Scope::Moe,
+        &[SharedInter, Hidden],
+        &[src("blk.{L}.ffn_up_shexp.weight", &[SharedInter, Hidden])],
+    ),
+    direct(
+        "model.layers.{L}.mlp.shared_experts.down_proj.weight",
+        Role::SharedDown,
+        Scope::Moe,
+        &[Hidden, SharedInter],
+        &[src("blk.{L}.ffn_down_shexp.weight", &[Hidden, SharedInter])],
+    ),
 ];
 
 /// Every vLLM parameter of `GlmMoeDsaForCausalLM` (a `DeepseekV2ForCausalLM`), built from HF parameters.
 pub const VLLM_TABLE: &[VllmDef] = &[
-    VllmDef { vllm: "model.embed_tokens.weight", parts: &["model.embed_tokens.weight"], cat_dim: 0, style: TpStyle::Vocab, scope: Scope::Global },
-    VllmDef { vllm: "model.layers.{L}.input_layernorm.weight", parts: &["model.layers.{L}.input_layernorm.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
-    VllmDef { vllm: "model.layers.{L}.self_attn.fused_qkv_a_proj.weight", parts: &["model.layers.{L}.self_attn.q_a_proj.weight", "model.layers.{L}.self_attn.kv_a_proj_with_mqa.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
-    VllmDef { vllm: "model.layers.{L}.self_attn.q_a_layernorm.weight", parts: &["model.layers.{L}.self_attn.q_a_layernorm.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
-    VllmDef { vllm: "model.layers.{L}.self_attn.q_b_proj.weight", parts: &["model.layers.{L}.self_attn.q_b_proj.weight"], cat_dim: 0, style: TpStyle::Column, scope: Scope::Layer },
-    VllmDef { vllm: "model.layers.{L}.self_attn.kv_a_layernorm.weight", parts: &["model.layers.{L}.self_attn.kv_a_layernorm.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
-    VllmDef { vllm: "model.layers.{L}.self_attn.kv_b_proj.weight", parts: &["model.layers.{L}.self_attn.kv_b_proj.weight"], cat_dim: 0, style: TpStyle::Column, scope: Scope::Layer },
-    VllmDef { vllm: "model.layers.{L}.self_attn.o_proj.weight", parts: &["model.layers.{L}.self_attn.o_proj.weight"], cat_dim: 0, style: TpStyle::Row, scope: Scope::Layer },
-    VllmDef { vllm: "model.layers.{L}.self_attn.indexer.wq_b.weight", parts: &["model.layers.{L}.self_attn.indexer.wq_b.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
-    VllmDef { vllm: "model.layers.{L}.self_attn.indexer.wk_weights_proj.weight", parts: &["model.layers.{L}.self_attn.indexer.wk.weight", "model.layers.{L}.self_attn.indexer.weights_proj.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
-    VllmDef { vllm: "model.layers.{L}.self_attn.indexer.k_norm.weight", parts: &["model.layers.{L}.self_attn.indexer.k_norm.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
-    VllmDef { vllm: "model.layers.{L}.self_attn.indexer.k_norm.bias", parts: &["model.layers.{L}.self_attn.indexer.k_norm.bias"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
-    VllmDef { vllm: "model.layers.{L}.post_attention_layernorm.weight", parts: &["model.layers.{L}.post_attention_layernorm.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Layer },
-    VllmDef { vllm: "model.layers.{L}.mlp.gate_up_proj.weight", parts: &["model.layers.{L}.mlp.gate_proj.weight", "model.layers.{L}.mlp.up_proj.weight"], cat_dim: 0, style: TpStyle::MergedColumn, scope: Scope::Dense },
-    VllmDef { vllm: "model.layers.{L}.mlp.down_proj.weight", parts: &["model.layers.{L}.mlp.down_proj.weight"], cat_dim: 0, style: TpStyle::Row, scope: Scope::Dense },
-    VllmDef { vllm: "model.layers.{L}.mlp.gate.weight", parts: &["model.layers.{L}.mlp.gate.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Moe },
-    VllmDef { vllm: "model.layers.{L}.mlp.gate.e_score_correction_bias", parts: &["model.layers.{L}.mlp.gate.e_score_correction_bias"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Moe },
+    VllmDef {
+        vllm: "model.embed_tokens.weight",
+        parts: &["model.embed_tokens.weight"],
+        cat_dim: 0,
+        style: TpStyle::Vocab,
+        scope: Scope::Global,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.input_layernorm.weight",
+        parts: &["model.layers.{L}.input_layernorm.weight"],
+        cat_dim: 0,
+        style: TpStyle::Replicated,
+        scope: Scope::Layer,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.self_attn.fused_qkv_a_proj.weight",
+        parts: &[
+            "model.layers.{L}.self_attn.q_a_proj.weight",
+            "model.layers.{L}.self_attn.kv_a_proj_with_mqa.weight",
+        ],
+        cat_dim: 0,
+        style: TpStyle::Replicated,
+        scope: Scope::Layer,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.self_attn.q_a_layernorm.weight",
+        parts: &["model.layers.{L}.self_attn.q_a_layernorm.weight"],
+        cat_dim: 0,
+        style: TpStyle::Replicated,
+        scope: Scope::Layer,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.self_attn.q_b_proj.weight",
+        parts: &["model.layers.{L}.self_attn.q_b_proj.weight"],
+        cat_dim: 0,
+        style: TpStyle::Column,
+        scope: Scope::Layer,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.self_attn.kv_a_layernorm.weight",
+        parts: &["model.layers.{L}.self_attn.kv_a_layernorm.weight"],
+        cat_dim: 0,
+        style: TpStyle::Replicated,
+        scope: Scope::Layer,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.self_attn.kv_b_proj.weight",
+        parts: &["model.layers.{L}.self_attn.kv_b_proj.weight"],
+        cat_dim: 0,
+        style: TpStyle::Column,
+        scope: Scope::Layer,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.self_attn.o_proj.weight",
+        parts: &["model.layers.{L}.self_attn.o_proj.weight"],
+        cat_dim: 0,
+        style: TpStyle::Row,
+        scope: Scope::Layer,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.self_attn.indexer.wq_b.weight",
+        parts: &["model.layers.{L}.self_attn.indexer.wq_b.weight"],
+        cat_dim: 0,
+        style: TpStyle::Replicated,
+        scope: Scope::Layer,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.self_attn.indexer.wk_weights_proj.weight",
+        parts: &[
+            "model.layers.{L}.self_attn.indexer.wk.weight",
+            "model.layers.{L}.self_attn.indexer.weights_proj.weight",
+        ],
+        cat_dim: 0,
+        style: TpStyle::Replicated,
+        scope: Scope::Layer,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.self_attn.indexer.k_norm.weight",
+        parts: &["model.layers.{L}.self_attn.indexer.k_norm.weight"],
+        cat_dim: 0,
+        style: TpStyle::Replicated,
+        scope: Scope::Layer,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.self_attn.indexer.k_norm.bias",
+        parts: &["model.layers.{L}.self_attn.indexer.k_norm.bias"],
+        cat_dim: 0,
+        style: TpStyle::Replicated,
+        scope: Scope::Layer,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.post_attention_layernorm.weight",
+        parts: &["model.layers.{L}.post_attention_layernorm.weight"],
+        cat_dim: 0,
+        style: TpStyle::Replicated,
+        scope: Scope::Layer,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.mlp.gate_up_proj.weight",
+        parts: &[
+            "model.layers.{L}.mlp.gate_proj.weight",
+            "model.layers.{L}.mlp.up_proj.weight",
+        ],
+        cat_dim: 0,
+        style: TpStyle::MergedColumn,
+        scope: Scope::Dense,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.mlp.down_proj.weight",
+        parts: &["model.layers.{L}.mlp.down_proj.weight"],
+        cat_dim: 0,
+        style: TpStyle::Row,
+        scope: Scope::Dense,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.mlp.gate.weight",
+        parts: &["model.layers.{L}.mlp.gate.weight"],
+        cat_dim: 0,
+        style: TpStyle::Replicated,
+        scope: Scope::Moe,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.mlp.gate.e_score_correction_bias",
+        parts: &["model.layers.{L}.mlp.gate.e_score_correction_bias"],
+        cat_dim: 0,
+        style: TpStyle::Replicated,
+        scope: Scope::Moe,
+    },
     // Expert parts are stacked over {E} first ([E, I, H]), then concatenated along cat_dim.
-    VllmDef { vllm: "model.layers.{L}.mlp.experts.w13_weight", parts: &["model.layers.{L}.mlp.experts.{E}.gate_proj.weight", "model.layers.{L}.mlp.experts.{E}.up_proj.weight"], cat_dim: 1, style: TpStyle::MoeW13, scope: Scope::Moe },
-    VllmDef { vllm: "model.layers.{L}.mlp.experts.w2_weight", parts: &["model.layers.{L}.mlp.experts.{E}.down_proj.weight"], cat_dim: 0, style: TpStyle::MoeW2, scope: Scope::Moe },
-    VllmDef { vllm: "model.layers.{L}.mlp.shared_experts.gate_up_proj.weight", parts: &["model.layers.{L}.mlp.shared_experts.gate_proj.weight", "model.layers.{L}.mlp.shared_experts.up_proj.weight"], cat_dim: 0, style: TpStyle::MergedColumn, scope: Scope::Moe },
-    VllmDef { vllm: "model.layers.{L}.mlp.shared_experts.down_proj.weight", parts: &["model.layers.{L}.mlp.shared_experts.down_proj.weight"], cat_dim: 0, style: TpStyle::Row, scope: Scope::Moe },
-    VllmDef { vllm: "model.norm.weight", parts: &["model.norm.weight"], cat_dim: 0, style: TpStyle::Replicated, scope: Scope::Global },
-    VllmDef { vllm: "lm_head.weight", parts: &["lm_head.weight"], cat_dim: 0, style: TpStyle::Vocab, scope: Scope::Global },
+    VllmDef {
+        vllm: "model.layers.{L}.mlp.experts.w13_weight",
+        parts: &[
+            "model.layers.{L}.mlp.experts.{E}.gate_proj.weight",
+            "model.layers.{L}.mlp.experts.{E}.up_proj.weight",
+        ],
+        cat_dim: 1,
+        style: TpStyle::MoeW13,
+        scope: Scope::Moe,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.mlp.experts.w2_weight",
+        parts: &["model.layers.{L}.mlp.experts.{E}.down_proj.weight"],
+        cat_dim: 0,
+        style: TpStyle::MoeW2,
+        scope: Scope::Moe,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.mlp.shared_experts.gate_up_proj.weight",
+        parts: &[
+            "model.layers.{L}.mlp.shared_experts.gate_proj.weight",
+            "model.layers.{L}.mlp.shared_experts.up_proj.weight",
+        ],
+        cat_dim: 0,
+        style: TpStyle::MergedColumn,
+        scope: Scope::Moe,
+    },
+    VllmDef {
+        vllm: "model.layers.{L}.mlp.shared_experts.down_proj.weight",
+        parts: &["model.layers.{L}.mlp.shared_experts.down_proj.weight"],
+        cat_dim: 0,
+        style: TpStyle::Row,
+        scope: Scope::Moe,
+    },
+    VllmDef {
+        vllm: "model.norm.weight",
+        parts: &["model.norm.weight"],
+        cat_dim: 0,
+        style: TpStyle::Replicated,
+        scope: Scope::Global,
+    },
+    VllmDef {
+        vllm: "lm_head.weight",
+        parts: &["lm_head.weight"],
+        cat_dim: 0,
+        style: TpStyle::Vocab,
+        scope: Scope::Global,
+    },
 ];
 
 /// Layer and expert indices of a concrete name.
@@ -308,7 +632,10 @@ pub struct Idx {
 
 impl Idx {
     pub fn layer(l: usize) -> Self {
-        Idx { layer: Some(l), expert: None }
+        Idx {
+            layer: Some(l),
+            expert: None,
+        }
     }
 }
 
@@ -338,7 +665,11 @@ impl HfParam {
     }
 
     pub fn gguf_names(&self) -> Vec<String> {
-        self.def.gguf.iter().map(|s| name(s.name, self.idx)).collect()
+        self.def
+            .gguf
+            .iter()
+            .map(|s| name(s.name, self.idx))
+            .collect()
     }
 }
 
@@ -346,7 +677,11 @@ impl HfParam {
 pub fn hf_params(c: &Config) -> Vec<HfParam> {
     let mut out = Vec::new();
     let push = |out: &mut Vec<HfParam>, d: &'static HfDef, idx: Idx| {
-        out.push(HfParam { name: name(d.hf, idx), idx, def: d });
+        out.push(HfParam {
+            name: name(d.hf, idx),
+            idx,
+            def: d,
+        });
     };
     let global = |n: &str| HF_TABLE.iter().find(|d| d.hf == n);
     if let Some(d) = global("model.embed_tokens.weight") {
@@ -356,7 +691,14 @@ pub fn hf_params(c: &Config) -> Vec<HfParam> {
         for d in HF_TABLE.iter().filter(|d| d.scope.has_layer(c, l)) {
             if d.rebuild == Rebuild::ExpertSlice {
                 for e in 0..c.n_routed_experts {
-                    push(&mut out, d, Idx { layer: Some(l), expert: Some(e) });
+                    push(
+                        &mut out,
+                        d,
+                        Idx {
+                            layer: Some(l),
+                            expert: Some(e),
+                        },
+                    );
                 }
             } else {
                 push(&mut out, d, Idx::layer(l));
@@ -377,7 +719,9 @@ pub fn hf_params(c: &Config) -> Vec<HfParam> {
 
 /// Finds the HF definition and indices of a concrete HF parameter name.
 pub fn lookup_hf(param: &str) -> Option<(&'static HfDef, Idx)> {
-    HF_TABLE.iter().find_map(|d| match_template(d.hf, param).map(|i| (d, i)))
+    HF_TABLE
+        .iter()
+        .find_map(|d| match_template(d.hf, param).map(|i| (d, i)))
 }
 
 /// Finds the vLLM definition and layer of a concrete vLLM parameter name.
@@ -448,20 +792,41 @@ mod tests {
         }
         // And every HF parameter lands in exactly one vLLM parameter.
         for d in HF_TABLE {
-            let n = VLLM_TABLE.iter().filter(|v| v.parts.contains(&d.hf)).count();
+            let n = VLLM_TABLE
+                .iter()
+                .filter(|v| v.parts.contains(&d.hf))
+                .count();
             assert_eq!(n, 1, "{}", d.hf);
         }
     }
 
     #[test]
     fn templates_match_only_their_own_names() {
-        assert_eq!(match_template("blk.{L}.attn_k_b.weight", "blk.12.attn_k_b.weight"), Some(Idx::layer(12)));
-        assert_eq!(match_template("blk.{L}.attn_k_b.weight", "blk.x.attn_k_b.weight"), None);
-        assert_eq!(match_template("blk.{L}.attn_k_b.weight", "blk.012.attn_k_b.weight"), None);
-        assert_eq!(match_template("output.weight", "output.weight"), Some(Idx::default()));
         assert_eq!(
-            match_template("model.layers.{L}.mlp.experts.{E}.up_proj.weight", "model.layers.4.mlp.experts.17.up_proj.weight"),
-            Some(Idx { layer: Some(4), expert: Some(17) })
+            match_template("blk.{L}.attn_k_b.weight", "blk.12.attn_k_b.weight"),
+            Some(Idx::layer(12))
+        );
+        assert_eq!(
+            match_template("blk.{L}.attn_k_b.weight", "blk.x.attn_k_b.weight"),
+            None
+        );
+        assert_eq!(
+            match_template("blk.{L}.attn_k_b.weight", "blk.012.attn_k_b.weight"),
+            None
+        );
+        assert_eq!(
+            match_template("output.weight", "output.weight"),
+            Some(Idx::default())
+        );
+        assert_eq!(
+            match_template(
+                "model.layers.{L}.mlp.experts.{E}.up_proj.weight",
+                "model.layers.4.mlp.experts.17.up_proj.weight"
+            ),
+            Some(Idx {
+                layer: Some(4),
+                expert: Some(17)
+            })
         );
         let (d, s, i) = lookup_gguf("blk.3.attn_v_b.weight").unwrap();
         assert_eq!(d.role, Role::AttnKvB);
@@ -476,12 +841,30 @@ mod tests {
             let (d, _) = lookup_hf(n).unwrap();
             resolve(d.shape, &c)
         };
-        assert_eq!(shape("model.layers.5.self_attn.kv_b_proj.weight"), [28672, 512]);
-        assert_eq!(shape("model.layers.5.self_attn.q_b_proj.weight"), [16384, 2048]);
-        assert_eq!(shape("model.layers.5.self_attn.o_proj.weight"), [6144, 16384]);
-        assert_eq!(shape("model.layers.5.self_attn.kv_a_proj_with_mqa.weight"), [576, 6144]);
-        assert_eq!(shape("model.layers.5.self_attn.indexer.wq_b.weight"), [4096, 2048]);
-        assert_eq!(shape("model.layers.5.mlp.experts.255.down_proj.weight"), [6144, 2048]);
+        assert_eq!(
+            shape("model.layers.5.self_attn.kv_b_proj.weight"),
+            [28672, 512]
+        );
+        assert_eq!(
+            shape("model.layers.5.self_attn.q_b_proj.weight"),
+            [16384, 2048]
+        );
+        assert_eq!(
+            shape("model.layers.5.self_attn.o_proj.weight"),
+            [6144, 16384]
+        );
+        assert_eq!(
+            shape("model.layers.5.self_attn.kv_a_proj_with_mqa.weight"),
+            [576, 6144]
+        );
+        assert_eq!(
+            shape("model.layers.5.self_attn.indexer.wq_b.weight"),
+            [4096, 2048]
+        );
+        assert_eq!(
+            shape("model.layers.5.mlp.experts.255.down_proj.weight"),
+            [6144, 2048]
+        );
         let n_params = hf_params(&c).len();
         // 3 dense layers × 17 + 75 MoE layers × (18 + 3 × 256 experts) + 3 globals
         assert_eq!(n_params, 3 * 17 + 75 * (18 + 3 * 256) + 3);

@@ -191,7 +191,13 @@ mod tests {
     fn parallel_split_matches_serial() {
         let n = PARALLEL_MIN * 3 + 32 * 7;
         let raw: Vec<u8> = (0..n / 32 * 34)
-            .map(|i| if i % 34 == 1 { 0x30 } else { (i * 7 % 251) as u8 })
+            .map(|i| {
+                if i % 34 == 1 {
+                    0x30
+                } else {
+                    (i * 7 % 251) as u8
+                }
+            })
             .collect();
         let par = dequantize("t", GgmlType::Q8_0, &raw).unwrap();
         let blocks: Vec<BlockQ8_0> = raw

@@ -4,12 +4,8 @@ use std::path::PathBuf;
 /// and where the problem is inside it, the field and its byte offset.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    #[error("{file}: cannot read: {source}")]
-    Io {
-        file: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{file}: cannot read: {err}")]
+    Io { file: PathBuf, err: std::io::Error },
     #[error(
         "{file}: truncated: {field} at byte offset {offset} needs {needed} bytes but the file has only {available} left"
     )]

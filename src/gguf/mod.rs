@@ -8,6 +8,7 @@ pub mod model;
 pub mod reader;
 pub mod types;
 pub mod value;
+pub mod writer;
 
 pub use error::{DequantError, GgufError};
 pub use model::{GgufModel, TensorRef};

@@ -63,7 +63,9 @@ impl<'a> TensorRef<'a> {
         };
         let outer = self.info.ne.last().copied().unwrap_or(1);
         if start.checked_add(len).is_none_or(|end| end > outer) {
-            return Err(bad(format!("rows {start}..+{len} outside the outer dimension of {outer}")));
+            return Err(bad(format!(
+                "rows {start}..+{len} outside the outer dimension of {outer}"
+            )));
         }
         let row_bytes = self.info.n_bytes / outer;
         let bytes = self.bytes();
@@ -91,7 +93,10 @@ fn meta_u32(file: &GgufFile, key: &str) -> Result<Option<u32>, GgufError> {
             &file.path,
             format!("metadata `{key}`"),
             *offset,
-            format!("must be a non-negative integer, found {}", value.type_name()),
+            format!(
+                "must be a non-negative integer, found {}",
+                value.type_name()
+            ),
         )),
     }
 }
@@ -133,7 +138,9 @@ impl GgufModel {
         for i in 0..count {
             let part_path = PathBuf::from(format!("{prefix}{}", split_suffix(i + 1, count)));
             let part = if i == no {
-                given.take().ok_or_else(|| GgufError::invalid(path, KEY_SPLIT_NO, 0, "internal: part taken twice"))?
+                given.take().ok_or_else(|| {
+                    GgufError::invalid(path, KEY_SPLIT_NO, 0, "internal: part taken twice")
+                })?
             } else {
                 if !part_path.exists() {
                     return Err(GgufError::MissingPart {
@@ -152,7 +159,9 @@ impl GgufModel {
             };
             let pc = meta_u32(&part, KEY_SPLIT_COUNT)?;
             if pc != Some(count) {
-                return Err(foreign(format!("its split.count is {pc:?}, expected {count}")));
+                return Err(foreign(format!(
+                    "its split.count is {pc:?}, expected {count}"
+                )));
             }
             let pn = meta_u32(&part, KEY_SPLIT_NO)?;
             if pn != Some(i) {

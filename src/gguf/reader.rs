@@ -103,9 +103,9 @@ impl std::fmt::Debug for GgufFile {
 impl GgufFile {
     /// Opens (read-only) and parses a GGUF file. Only the header pages are touched.
     pub fn open(path: &Path) -> Result<Self, GgufError> {
-        let io = |source| GgufError::Io {
+        let io = |err| GgufError::Io {
             file: path.to_path_buf(),
-            source,
+            err,
         };
         let file = File::open(path).map_err(io)?;
         let file_size = file.metadata().map_err(io)?.len();
@@ -241,7 +241,13 @@ impl<'a> Cursor<'a> {
                 match self.array::<1>(field)?[0] {
                     0 => Value::Bool(false),
                     1 => Value::Bool(true),
-                    b => return Err(self.invalid(field(), at, format!("bool byte is {b}, not 0 or 1"))),
+                    b => {
+                        return Err(self.invalid(
+                            field(),
+                            at,
+                            format!("bool byte is {b}, not 0 or 1"),
+                        ))
+                    }
                 }
             }
             ValueType::String => {
@@ -325,7 +331,10 @@ fn parse(path: &Path, buf: &[u8], file_size: u64) -> Result<Header, GgufError> {
         return Err(c.invalid(
             "header.magic".into(),
             0,
-            format!("expected \"GGUF\", found {:?}: not a GGUF file", String::from_utf8_lossy(&magic)),
+            format!(
+                "expected \"GGUF\", found {:?}: not a GGUF file",
+                String::from_utf8_lossy(&magic)
+            ),
         ));
     }
     let version = c.u32(&|| "header.version".into())?;
@@ -345,34 +354,93 @@ fn parse(path: &Path, buf: &[u8], file_size: u64) -> Result<Header, GgufError> {
     let n_tensors = c.u64(&|| "header.tensor_count".into())?;
     let n_kv_at = c.pos as u64;
     let n_kv = c.u64(&|| "header.metadata_kv_count".into())?;
-    // Smallest tensor info: name length (8) + n_dims (4) + one dim (8) + type (4) + offset (8).
-    if n_tensors > MAX_TENSORS || n_tensors.saturating_mul(32) > c.remaining() {
-        return Err(c.invalid(
-            "header.tensor_count".into(),
+    // Hard caps first: a count beyond them is a lie whatever the file size.
+    for (n, at, field, cap, what) in [
+        (
+            n_tensors,
             n_tensors_at,
-            format!(
-                "claims {n_tensors} tensors; the {} bytes left in the file can hold at most {}",
-                c.remaining(),
-                (c.remaining() / 32).min(MAX_TENSORS)
-            ),
-        ));
-    }
-    // Smallest kv: key length (8) + type (4) + a one-byte value.
-    if n_kv > MAX_KV || n_kv.saturating_mul(13) > c.remaining() {
-        return Err(c.invalid(
-            "header.metadata_kv_count".into(),
+            "header.tensor_count",
+            MAX_TENSORS,
+            "tensors",
+        ),
+        (
+            n_kv,
             n_kv_at,
-            format!(
-                "claims {n_kv} metadata entries; the {} bytes left in the file can hold at most {}",
-                c.remaining(),
-                (c.remaining() / 13).min(MAX_KV)
-            ),
-        ));
+            "header.metadata_kv_count",
+            MAX_KV,
+            "metadata entries",
+        ),
+    ] {
+        if n > cap {
+            return Err(c.invalid(
+                field.into(),
+                at,
+                format!("claims {n} {what}; glmcheck's limit is {cap} (GLM-5 has about 1,800 tensors and 50 entries)"),
+            ));
+        }
     }
-
-    let mut metadata = Vec::with_capacity(n_kv as usize);
-    let mut meta_index = HashMap::with_capacity(n_kv as usize);
+    // Smallest kv: key length (8) + type (4) + a one-byte value; smallest tensor info: name length (8)
+    // + n_dims (4) + one dim (8) + type (4) + offset (8). If the rest of the file cannot hold the
+    // claimed records, a truncation inside them is blamed on the count.
+    let fits = n_kv
+        .saturating_mul(13)
+        .saturating_add(n_tensors.saturating_mul(32))
+        <= c.remaining();
+    let blame = |e: GgufError, i: u64, n: u64, at: u64, field: &str, what: &str| -> GgufError {
+        match e {
+            GgufError::Truncated {
+                field: inner,
+                offset,
+                ..
+            } if !fits => GgufError::invalid(
+                path,
+                field,
+                at,
+                format!(
+                    "claims {n} {what}, but the file ends in {inner} (byte offset {offset}, record {i}): the count is wrong or the file is truncated"
+                ),
+            ),
+            other => other,
+        }
+    };
+    let mut metadata = Vec::with_capacity(n_kv.min(c.remaining() / 13) as usize);
+    let mut meta_index = HashMap::with_capacity(metadata.capacity());
     for i in 0..n_kv {
+        let (key, value, offset) = parse_kv(&mut c, i).map_err(|e| {
+            blame(
+                e,
+                i,
+                n_kv,
+                n_kv_at,
+                "header.metadata_kv_count",
+                "metadata entries",
+            )
+        })?;
+        let key_at = offset;
+        if meta_index.insert(key.clone(), metadata.len()).is_some() {
+            return Err(c.invalid(
+                format!("metadata[{i}].key"),
+                key_at,
+                format!("duplicate key `{key}`"),
+            ));
+        }
+        metadata.push(MetaEntry { key, value, offset });
+    }
+    parse_rest(
+        path,
+        c,
+        version,
+        metadata,
+        meta_index,
+        n_tensors,
+        n_tensors_at,
+        file_size,
+        &blame,
+    )
+}
+
+fn parse_kv(c: &mut Cursor<'_>, i: u64) -> Result<(String, Value, u64), GgufError> {
+    {
         let key_at = c.pos as u64;
         let key = c.utf8_string(&|| format!("metadata[{i}].key"))?;
         let ty_at = c.pos as u64;
@@ -386,12 +454,23 @@ fn parse(path: &Path, buf: &[u8], file_size: u64) -> Result<Header, GgufError> {
         })?;
         let offset = c.pos as u64;
         let value = c.value(ty, 0, &|| format!("metadata `{key}`"))?;
-        if meta_index.insert(key.clone(), metadata.len()).is_some() {
-            return Err(c.invalid(format!("metadata[{i}].key"), key_at, format!("duplicate key `{key}`")));
-        }
-        metadata.push(MetaEntry { key, value, offset });
+        let _ = key_at;
+        Ok((key, value, offset))
     }
+}
 
+#[allow(clippy::too_many_arguments)]
+fn parse_rest(
+    path: &Path,
+    mut c: Cursor<'_>,
+    version: u32,
+    metadata: Vec<MetaEntry>,
+    meta_index: HashMap<String, usize>,
+    n_tensors: u64,
+    n_tensors_at: u64,
+    file_size: u64,
+    blame: &dyn Fn(GgufError, u64, u64, u64, &str, &str) -> GgufError,
+) -> Result<Header, GgufError> {
     let alignment = match meta_index.get("general.alignment").map(|&i| &metadata[i]) {
         None => DEFAULT_ALIGNMENT,
         Some(e) => match e.value {
@@ -413,9 +492,36 @@ fn parse(path: &Path, buf: &[u8], file_size: u64) -> Result<Header, GgufError> {
         },
     };
 
-    let mut tensors: Vec<TensorInfo> = Vec::with_capacity(n_tensors as usize);
-    let mut names: HashMap<String, usize> = HashMap::with_capacity(n_tensors as usize);
+    let mut tensors: Vec<TensorInfo> =
+        Vec::with_capacity(n_tensors.min(c.remaining() / 32) as usize);
+    let mut names: HashMap<String, usize> = HashMap::with_capacity(tensors.capacity());
     for i in 0..n_tensors {
+        let t = parse_tensor_info(&mut c, i, alignment).map_err(|e| {
+            blame(
+                e,
+                i,
+                n_tensors,
+                n_tensors_at,
+                "header.tensor_count",
+                "tensor infos",
+            )
+        })?;
+        if names.insert(t.name.clone(), tensors.len()).is_some() {
+            return Err(c.invalid(
+                format!("tensor_info[{i}].name"),
+                t.info_offset,
+                format!("duplicate tensor name `{}`", t.name),
+            ));
+        }
+        tensors.push(t);
+    }
+    finish(
+        path, c, version, metadata, meta_index, tensors, alignment, file_size,
+    )
+}
+
+fn parse_tensor_info(c: &mut Cursor<'_>, i: u64, alignment: u64) -> Result<TensorInfo, GgufError> {
+    {
         let info_offset = c.pos as u64;
         let name = c.utf8_string(&|| format!("tensor_info[{i}].name"))?;
         let field = |f: &str| format!("tensor_info[{i}] (`{name}`).{f}");
@@ -437,17 +543,29 @@ fn parse(path: &Path, buf: &[u8], file_size: u64) -> Result<Header, GgufError> {
                 return Err(c.invalid(field(&format!("ne[{d}]")), at, "zero-size dimension"));
             }
             if dim > i64::MAX as u64 {
-                return Err(c.invalid(field(&format!("ne[{d}]")), at, format!("dimension {dim} exceeds i64")));
+                return Err(c.invalid(
+                    field(&format!("ne[{d}]")),
+                    at,
+                    format!("dimension {dim} exceeds i64"),
+                ));
             }
             n_elements = n_elements.checked_mul(dim).ok_or_else(|| {
-                c.invalid(field(&format!("ne[{d}]")), at, "element count overflows 64 bits")
+                c.invalid(
+                    field(&format!("ne[{d}]")),
+                    at,
+                    "element count overflows 64 bits",
+                )
             })?;
             ne.push(dim);
         }
         let ty_at = c.pos as u64;
         let ty_id = c.u32(&|| field("type"))?;
         let dtype = GgmlType::from_id(ty_id).ok_or_else(|| {
-            c.invalid(field("type"), ty_at, format!("unknown GGML type id {ty_id}"))
+            c.invalid(
+                field("type"),
+                ty_at,
+                format!("unknown GGML type id {ty_id}"),
+            )
         })?;
         if ne[0] % dtype.block_size != 0 {
             return Err(c.invalid(
@@ -460,7 +578,11 @@ fn parse(path: &Path, buf: &[u8], file_size: u64) -> Result<Header, GgufError> {
             ));
         }
         let n_bytes = dtype.bytes_for(n_elements).ok_or_else(|| {
-            c.invalid(field("ne"), nd_at + 4, format!("byte size of {n_elements} {dtype} elements overflows"))
+            c.invalid(
+                field("ne"),
+                nd_at + 4,
+                format!("byte size of {n_elements} {dtype} elements overflows"),
+            )
         })?;
         let off_at = c.pos as u64;
         let offset = c.u64(&|| field("offset"))?;
@@ -471,14 +593,7 @@ fn parse(path: &Path, buf: &[u8], file_size: u64) -> Result<Header, GgufError> {
                 format!("data offset {offset} is not a multiple of the alignment {alignment}"),
             ));
         }
-        if names.insert(name.clone(), tensors.len()).is_some() {
-            return Err(c.invalid(
-                format!("tensor_info[{i}].name"),
-                info_offset,
-                format!("duplicate tensor name `{name}`"),
-            ));
-        }
-        tensors.push(TensorInfo {
+        Ok(TensorInfo {
             name,
             ne,
             dtype,
@@ -486,9 +601,21 @@ fn parse(path: &Path, buf: &[u8], file_size: u64) -> Result<Header, GgufError> {
             abs_offset: 0,
             n_bytes,
             info_offset,
-        });
+        })
     }
+}
 
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    path: &Path,
+    c: Cursor<'_>,
+    version: u32,
+    metadata: Vec<MetaEntry>,
+    meta_index: HashMap<String, usize>,
+    mut tensors: Vec<TensorInfo>,
+    alignment: u64,
+    file_size: u64,
+) -> Result<Header, GgufError> {
     let header_end = c.pos as u64;
     let data_offset = header_end.div_ceil(alignment) * alignment;
     if !tensors.is_empty() && data_offset > file_size {

@@ -30,7 +30,13 @@ pub fn human_bytes(b: u64) -> String {
 }
 
 fn shape(s: &[usize]) -> String {
-    format!("[{}]", s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "))
+    format!(
+        "[{}]",
+        s.iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 /// Human output of `inspect`. `all_tensors` lists every tensor instead of layer 0's and the globals.
@@ -89,7 +95,11 @@ pub fn inspect_text(r: &InspectReport, all_tensors: bool) -> String {
             tok.pre.as_deref().unwrap_or("?"),
             tok.tokens,
             tok.merges,
-            if tok.chat_template { "present" } else { "absent" }
+            if tok.chat_template {
+                "present"
+            } else {
+                "absent"
+            }
         ));
         let specials: Vec<String> = tok
             .special
@@ -106,7 +116,10 @@ pub fn inspect_text(r: &InspectReport, all_tensors: bool) -> String {
     let mut hidden = 0;
     for t in &r.tensors {
         let layer = crate::arch::glm_dsa::gguf_layer(&t.name);
-        let show = all_tensors || layer.is_none() || layer == Some(0) || layer == Some(r.config.first_k_dense_replace);
+        let show = all_tensors
+            || layer.is_none()
+            || layer == Some(0)
+            || layer == Some(r.config.first_k_dense_replace);
         if !show {
             hidden += 1;
             continue;
@@ -163,7 +176,15 @@ pub fn inspect_text(r: &InspectReport, all_tensors: bool) -> String {
 /// Human output of `dequant`.
 pub fn dequant_text(rows: &[TensorStats]) -> String {
     let mut t = table(&[
-        "tensor", "type", "shape", "absmax", "mean", "std", "NaN", "Inf", "GB/s (f32 out)",
+        "tensor",
+        "type",
+        "shape",
+        "absmax",
+        "mean",
+        "std",
+        "NaN",
+        "Inf",
+        "GB/s (f32 out)",
     ]);
     for r in rows {
         if let Some(e) = &r.error {

@@ -1,0 +1,98 @@
+//! `inspect` of every fixture reproduces the config.json the generator gave transformers.
+
+mod common;
+use common::*;
+
+fn config_json_value(cfg: &serde_json::Value, key: &str) -> serde_json::Value {
+    match key {
+        "rope_theta" => cfg["rope_parameters"]["rope_theta"].clone(),
+        "scoring_func" => cfg.get(key).cloned().unwrap_or_else(|| "sigmoid".into()),
+        _ => cfg[key].clone(),
+    }
+}
+
+#[test]
+fn inspect_reproduces_config_json_for_every_fixture() {
+    let cfg = json("config.json");
+    let fields = [
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "n_shared_experts",
+        "n_group",
+        "topk_group",
+        "moe_intermediate_size",
+        "intermediate_size",
+        "first_k_dense_replace",
+        "routed_scaling_factor",
+        "norm_topk_prob",
+        "index_n_heads",
+        "index_head_dim",
+        "index_topk",
+        "rope_theta",
+        "rms_norm_eps",
+        "vocab_size",
+        "max_position_embeddings",
+        "num_nextn_predict_layers",
+        "tie_word_embeddings",
+    ];
+    for stem in FIXTURE_GGUFS {
+        let path = gguf(stem);
+        let out = glmcheck(&["inspect", path.to_str().unwrap(), "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{stem}: {}", stderr(&out));
+        let r: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("inspect --json is JSON");
+        assert_eq!(r["arch"], "glm-dsa");
+        for f in fields {
+            let want = config_json_value(&cfg, f);
+            let got = &r["config"][f];
+            let same = match (want.as_f64(), got.as_f64()) {
+                (Some(a), Some(b)) => a == b,
+                _ => &want == got,
+            };
+            assert!(same, "{stem}: config.{f} is {got}, config.json says {want}");
+        }
+        assert_eq!(
+            r["problems"].as_array().map(Vec::len),
+            Some(0),
+            "{stem}: {}",
+            r["problems"]
+        );
+        assert_eq!(r["tensors"].as_array().map(Vec::len), Some(67), "{stem}");
+        for t in r["tensors"].as_array().unwrap() {
+            assert!(t["name"].is_string() && t["dtype"].is_string() && t["shape"].is_array());
+        }
+    }
+}
+
+#[test]
+fn human_output_is_a_table_and_json_is_pure() {
+    let path = gguf("tiny-Q8_0");
+    let out = glmcheck(&["inspect", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = stdout(&out);
+    assert!(text.contains("kv_lora_rank"), "{text}");
+    assert!(text.contains("blk.0.attn_k_b.weight"), "{text}");
+    assert!(text.contains("consistency: all 67 tensors agree"), "{text}");
+    let out = glmcheck(&["inspect", path.to_str().unwrap(), "--json"]);
+    assert!(serde_json::from_slice::<serde_json::Value>(&out.stdout).is_ok());
+}
+
+#[test]
+fn version_help_and_completions() {
+    let out = glmcheck(&["--version"]);
+    assert!(stdout(&out).starts_with("glmcheck "), "{}", stdout(&out));
+    let out = glmcheck(&["inspect", "--help"]);
+    assert!(stdout(&out).contains("Examples:"));
+    let out = glmcheck(&["completions", "bash"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout(&out).contains("glmcheck"));
+}

@@ -1,0 +1,244 @@
+//! Truncated and lying GGUFs: exit 2 with a message naming the file, the field and the offset.
+
+mod common;
+use common::*;
+use std::io::Cursor;
+
+use glmcheck::gguf::writer::{write_gguf, WriteTensor};
+use glmcheck::gguf::{GgmlType, Value};
+
+/// A small valid GGUF: 2 metadata entries, 2 F32 tensors.
+fn small() -> Vec<u8> {
+    let a: Vec<u8> = (0..64u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let meta = vec![
+        (
+            "general.architecture".to_string(),
+            Value::String("glm-dsa".into()),
+        ),
+        ("general.alignment".to_string(), Value::U32(32)),
+    ];
+    let tensors = vec![
+        WriteTensor {
+            name: "blk.0.attn_norm.weight".into(),
+            ne: vec![64],
+            dtype: GgmlType::F32,
+            data: Some(&a),
+        },
+        WriteTensor {
+            name: "blk.0.ffn_norm.weight".into(),
+            ne: vec![64],
+            dtype: GgmlType::F32,
+            data: Some(&a),
+        },
+    ];
+    let mut c = Cursor::new(Vec::new());
+    write_gguf(&mut c, &meta, &tensors, 32).unwrap();
+    c.into_inner()
+}
+
+/// Byte offsets in `small()`: after the 24-byte header come the kvs, then the tensor infos.
+fn offsets(b: &[u8]) -> (usize, usize, usize) {
+    let key1 = 24;
+    let len = u64::from_le_bytes(b[key1..key1 + 8].try_into().unwrap()) as usize;
+    let val1 = key1 + 8 + len + 4; // string value: u64 len + bytes
+    let vlen = u64::from_le_bytes(b[val1..val1 + 8].try_into().unwrap()) as usize;
+    let key2 = val1 + 8 + vlen;
+    let len2 = u64::from_le_bytes(b[key2..key2 + 8].try_into().unwrap()) as usize;
+    let tinfo = key2 + 8 + len2 + 4 + 4;
+    (key1, val1, tinfo)
+}
+
+fn run_on(bytes: &[u8]) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    let start = std::time::Instant::now();
+    let out = glmcheck(&["inspect", path.to_str().unwrap()]);
+    assert!(start.elapsed().as_secs_f64() < 2.0, "took too long");
+    let err = stderr(&out);
+    assert!(!err.contains("panicked"), "panic: {err}");
+    if out.status.code() == Some(2) {
+        assert!(err.contains("bad.gguf"), "the message names the file: {err}");
+    }
+    (out.status.code(), err)
+}
+
+fn expect_error(bytes: &[u8], needles: &[&str]) {
+    let (code, err) = run_on(bytes);
+    assert_eq!(code, Some(2), "exit 2 expected: {err}");
+    for n in needles {
+        assert!(err.contains(n), "message should contain {n:?}: {err}");
+    }
+}
+
+#[test]
+fn the_valid_file_is_valid() {
+    let (code, err) = run_on(&small());
+    assert_ne!(code, Some(2), "{err}");
+}
+
+#[test]
+fn truncated_at_every_section_boundary_and_inside_each() {
+    let b = small();
+    let (key1, val1, tinfo) = offsets(&b);
+    let data_start = b.len() - 2 * 256; // two 256-byte tensors at the end
+    let cases: Vec<(usize, &str)> = vec![
+        (0, "header.magic"),
+        (2, "header.magic"),
+        (4, "header.version"),
+        (8, "header.tensor_count"),
+        (16, "header.metadata_kv_count"),
+        (key1 + 3, "metadata[0].key"),
+        (val1, "metadata `general.architecture`"),
+        (tinfo, "tensor_info[0].name"),
+        (tinfo + 8 + 22 + 2, "n_dims"),
+        (tinfo + 8 + 22 + 4 + 3, "ne[0]"),
+        (data_start + 10, "runs past the end"),
+        (b.len() - 1, "runs past the end"),
+    ];
+    for (cut, field) in cases {
+        let (code, err) = run_on(&b[..cut]);
+        assert_eq!(code, Some(2), "cut at {cut}: {err}");
+        assert!(
+            err.contains(field),
+            "cut at {cut}: expected {field:?} in: {err}"
+        );
+        assert!(
+            err.contains("offset"),
+            "cut at {cut}: names an offset: {err}"
+        );
+    }
+}
+
+#[test]
+fn every_cut_of_the_file_exits_2_without_panicking() {
+    let b = small();
+    for cut in (0..b.len()).step_by(7) {
+        let (code, err) = run_on(&b[..cut]);
+        assert_eq!(code, Some(2), "cut at {cut}: {err}");
+    }
+}
+
+#[test]
+fn lying_counts_and_lengths() {
+    let b = small();
+    let (key1, val1, tinfo) = offsets(&b);
+    let mut huge_tensors = b.clone();
+    huge_tensors[8..16].copy_from_slice(&(1u64 << 63).to_le_bytes());
+    expect_error(
+        &huge_tensors,
+        &["header.tensor_count", "9223372036854775808"],
+    );
+
+    let mut huge_kv = b.clone();
+    huge_kv[16..24].copy_from_slice(&(u64::MAX).to_le_bytes());
+    expect_error(&huge_kv, &["header.metadata_kv_count"]);
+
+    let mut huge_key = b.clone();
+    huge_key[key1..key1 + 8].copy_from_slice(&(1u64 << 62).to_le_bytes());
+    expect_error(
+        &huge_key,
+        &["metadata[0].key.length", "4611686018427387904"],
+    );
+
+    let mut huge_str = b.clone();
+    huge_str[val1..val1 + 8].copy_from_slice(&(1u64 << 62).to_le_bytes());
+    expect_error(&huge_str, &["general.architecture", "length"]);
+
+    let nd = tinfo + 8 + 22;
+    let mut many_dims = b.clone();
+    many_dims[nd..nd + 4].copy_from_slice(&100u32.to_le_bytes());
+    expect_error(&many_dims, &["n_dims", "100 dimensions"]);
+
+    let mut zero_dim = b.clone();
+    zero_dim[nd + 4..nd + 12].copy_from_slice(&0u64.to_le_bytes());
+    expect_error(&zero_dim, &["ne[0]", "zero-size"]);
+
+    let mut huge_dim = b.clone();
+    huge_dim[nd + 4..nd + 12].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    expect_error(&huge_dim, &["runs past the end"]);
+
+    let ty = nd + 12;
+    let mut bad_type = b.clone();
+    bad_type[ty..ty + 4].copy_from_slice(&77u32.to_le_bytes());
+    expect_error(
+        &bad_type,
+        &["tensor_info[0]", ".type", "unknown GGML type id 77"],
+    );
+
+    let off = ty + 4;
+    let mut past_eof = b.clone();
+    past_eof[off..off + 8].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    expect_error(&past_eof, &["blk.0.attn_norm.weight", "runs past the end"]);
+
+    let mut misaligned = b.clone();
+    misaligned[off..off + 8].copy_from_slice(&4u64.to_le_bytes());
+    expect_error(&misaligned, &["offset", "alignment"]);
+
+    // The second tensor's info: point its data at the first one's.
+    let t2 = off + 8;
+    let off2 = t2 + 8 + 21 + 4 + 8 + 4;
+    let mut overlap = b.clone();
+    overlap[off2..off2 + 8].copy_from_slice(&0u64.to_le_bytes());
+    expect_error(&overlap, &["overlaps"]);
+
+    let mut dup = b.clone();
+    dup[t2 + 8 + 6..t2 + 8 + 9].copy_from_slice(b"ttn"); // "blk.0.ffn_norm" -> "blk.0.ttnnorm"... keep length
+                                                         // Make the second name equal to the first (different length): rebuild instead.
+    let _ = dup;
+    let a: Vec<u8> = vec![0; 256];
+    let same = vec![
+        WriteTensor {
+            name: "x".into(),
+            ne: vec![64],
+            dtype: GgmlType::F32,
+            data: Some(&a),
+        },
+        WriteTensor {
+            name: "x".into(),
+            ne: vec![64],
+            dtype: GgmlType::F32,
+            data: Some(&a),
+        },
+    ];
+    let mut c = Cursor::new(Vec::new());
+    write_gguf(&mut c, &[], &same, 32).unwrap();
+    expect_error(&c.into_inner(), &["duplicate tensor name `x`"]);
+
+    let mut magic = b.clone();
+    magic[..4].copy_from_slice(b"GGML");
+    expect_error(&magic, &["header.magic", "not a GGUF file"]);
+
+    let mut version = b.clone();
+    version[4..8].copy_from_slice(&3u32.to_be_bytes());
+    expect_error(&version, &["header.version", "big-endian"]);
+
+    let mut bad_align = b.clone();
+    // general.alignment's value is the last 4 bytes of the kv section, just before the tensor infos.
+    bad_align[tinfo - 4..tinfo].copy_from_slice(&48u32.to_le_bytes());
+    expect_error(&bad_align, &["general.alignment", "power of two"]);
+}
+
+#[test]
+fn metadata_of_the_wrong_type_for_a_known_key() {
+    let meta = vec![
+        (
+            "general.architecture".to_string(),
+            Value::String("glm-dsa".into()),
+        ),
+        (
+            "glm-dsa.attention.head_count".to_string(),
+            Value::String("sixty-four".into()),
+        ),
+    ];
+    let mut c = Cursor::new(Vec::new());
+    write_gguf(&mut c, &meta, &[], 32).unwrap();
+    expect_error(
+        &c.into_inner(),
+        &[
+            "glm-dsa.attention.head_count",
+            "expected a non-negative integer",
+            "string",
+        ],
+    );
+}

@@ -1,0 +1,274 @@
+//! Split sets, a GGUF with GLM-5's real dimensions (sparse, costs no disk), and types glmcheck can
+//! inventory but not decode.
+
+mod common;
+use common::*;
+use std::fs::File;
+use std::time::Instant;
+
+use glmcheck::arch::glm_dsa::{self, Idx, Scope};
+use glmcheck::arch::Config;
+use glmcheck::gguf::writer::{string_array, write_gguf, WriteTensor};
+use glmcheck::gguf::{GgmlType, GgufModel, Value};
+
+fn inspect_json(path: &std::path::Path) -> (Option<i32>, serde_json::Value, String) {
+    let out = glmcheck(&["inspect", path.to_str().unwrap(), "--json"]);
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code(), v, stderr(&out))
+}
+
+#[test]
+fn a_split_copy_inspects_identically_to_the_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = GgufModel::open(&gguf("tiny-Q8_0")).unwrap();
+    let parts = rewrite(&model, &dir.path().join("tiny.gguf"), &[20, 45]);
+    assert_eq!(parts.len(), 3);
+    let (code_whole, mut whole, _) = inspect_json(&gguf("tiny-Q8_0"));
+    for start in [&parts[0], &parts[2]] {
+        let (code, mut split, err) = inspect_json(start);
+        assert_eq!(code, code_whole, "{err}");
+        assert_eq!(split["files"].as_array().unwrap().len(), 3);
+        for v in [&mut whole, &mut split] {
+            v.as_object_mut().unwrap().remove("files");
+        }
+        assert_eq!(split, whole, "given {}", start.display());
+    }
+    // Every tensor's bytes are the same bytes.
+    let split = GgufModel::open(&parts[1]).unwrap();
+    for t in model.tensors() {
+        assert_eq!(
+            split.tensor(&t.info.name).unwrap().bytes(),
+            t.bytes(),
+            "{}",
+            t.info.name
+        );
+    }
+    // A missing part is named.
+    std::fs::remove_file(&parts[1]).unwrap();
+    let out = glmcheck(&["inspect", parts[0].to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("00002-of-00003") && stderr(&out).contains("missing"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_foreign_part_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = GgufModel::open(&gguf("tiny-Q8_0")).unwrap();
+    let a = rewrite(&model, &dir.path().join("a.gguf"), &[30]);
+    let other = tempfile::tempdir().unwrap();
+    let b = rewrite(&model, &other.path().join("a.gguf"), &[10, 30]);
+    // Put part 2 of a 3-part set where part 2 of the 2-part set belongs.
+    std::fs::copy(&b[1], &a[1]).unwrap();
+    let out = glmcheck(&["inspect", a[0].to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("split.count"), "{}", stderr(&out));
+}
+
+/// Writes a sparse GGUF with GLM-5's real tensor list and metadata (no tensor data).
+fn write_real_dims(path: &std::path::Path, big: GgmlType) {
+    let c = Config::glm5();
+    let mut tensors = Vec::new();
+    let mut add = |name: String, shape: Vec<usize>| {
+        let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
+        let dtype = if shape.len() == 1 || ne[0] % big.block_size != 0 {
+            GgmlType::F32
+        } else {
+            big
+        };
+        tensors.push(WriteTensor {
+            name,
+            ne,
+            dtype,
+            data: None,
+        });
+    };
+    for layer in std::iter::once(None).chain((0..c.num_hidden_layers).map(Some)) {
+        for d in glm_dsa::HF_TABLE {
+            let applies = match layer {
+                None => d.scope == Scope::Global,
+                Some(l) => d.scope.has_layer(&c, l),
+            };
+            if applies {
+                for s in d.gguf {
+                    add(
+                        glm_dsa::name(
+                            s.name,
+                            Idx {
+                                layer,
+                                expert: None,
+                            },
+                        ),
+                        glm_dsa::resolve(s.shape, &c),
+                    );
+                }
+            }
+        }
+    }
+    // The MTP layer that GLM-5 files carry as blk.78 (ignored by the forward).
+    add("blk.78.nextn.eh_proj.weight".into(), vec![6144, 12288]);
+    let u = |v: usize| Value::U32(v as u32);
+    let k = |s: &str| format!("glm-dsa.{s}");
+    let meta: Vec<(String, Value)> = vec![
+        (
+            "general.architecture".into(),
+            Value::String("glm-dsa".into()),
+        ),
+        (k("block_count"), u(79)),
+        (k("nextn_predict_layers"), u(1)),
+        (k("context_length"), u(202752)),
+        (k("embedding_length"), u(6144)),
+        (k("feed_forward_length"), u(12288)),
+        (k("attention.head_count"), u(64)),
+        (k("attention.head_count_kv"), u(1)),
+        (k("attention.q_lora_rank"), u(2048)),
+        (k("attention.kv_lora_rank"), u(512)),
+        (k("attention.key_length"), u(576)),
+        (k("attention.value_length"), u(512)),
+        (k("attention.key_length_mla"), u(256)),
+        (k("attention.value_length_mla"), u(256)),
+        (k("rope.dimension_count"), u(64)),
+        (k("rope.freq_base"), Value::F32(1e6)),
+        (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
+        (k("leading_dense_block_count"), u(3)),
+        (k("expert_count"), u(256)),
+        (k("expert_used_count"), u(8)),
+        (k("expert_shared_count"), u(1)),
+        (k("expert_feed_forward_length"), u(2048)),
+        (k("expert_weights_scale"), Value::F32(2.5)),
+        (k("expert_weights_norm"), Value::Bool(true)),
+        (k("expert_group_count"), u(1)),
+        (k("expert_group_used_count"), u(1)),
+        (k("expert_gating_func"), u(2)),
+        (k("attention.indexer.head_count"), u(32)),
+        (k("attention.indexer.key_length"), u(128)),
+        (k("attention.indexer.top_k"), u(2048)),
+        (k("vocab_size"), u(154880)),
+        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::String("glm4".into())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            string_array(&(0..154880).map(|i| format!("t{i}")).collect::<Vec<_>>()),
+        ),
+    ];
+    let mut f = File::create(path).unwrap();
+    write_gguf(&mut f, &meta, &tensors, 32).unwrap();
+}
+
+#[test]
+fn real_glm5_dimensions_inspect_fast_with_no_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("glm5-real-dims.gguf");
+    write_real_dims(&path, GgmlType::Q4_K);
+    let size = std::fs::metadata(&path).unwrap().len();
+    assert!(size > 300_000_000_000, "a real-size (sparse) file: {size}");
+    let start = Instant::now();
+    let (code, r, err) = inspect_json(&path);
+    let secs = start.elapsed().as_secs_f64();
+    assert_eq!(code, Some(0), "{err} {}", r["problems"]);
+    assert!(secs < 1.0, "inspect took {secs:.2} s on a {size}-byte file");
+    let want = serde_json::to_value(Config::glm5()).unwrap();
+    assert_eq!(r["config"], want);
+    assert_eq!(
+        r["defaulted"].as_array().map(Vec::len),
+        Some(0),
+        "{}",
+        r["defaulted"]
+    );
+    assert!(r["notes"].to_string().contains("MTP"), "{}", r["notes"]);
+    let kvb = r["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "blk.3.attn_k_b.weight")
+        .unwrap();
+    assert_eq!(kvb["shape"], serde_json::json!([64, 512, 192]));
+}
+
+#[test]
+fn a_shape_that_disagrees_with_the_config_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = GgufModel::open(&gguf("tiny-F32")).unwrap();
+    // Rewrite with one tensor's dims permuted (same bytes) and one tensor dropped.
+    let mut meta: Vec<(String, Value)> = model
+        .metadata()
+        .iter()
+        .map(|e| (e.key.clone(), e.value.clone()))
+        .collect();
+    meta.retain(|(k, _)| !k.starts_with("split."));
+    let tensors: Vec<WriteTensor> = model
+        .tensors()
+        .filter(|t| t.info.name != "blk.2.indexer.proj.weight")
+        .map(|t| {
+            let mut ne = t.info.ne.clone();
+            if t.info.name == "blk.1.attn_k_b.weight" {
+                ne.swap(0, 1);
+            }
+            WriteTensor {
+                name: t.info.name.clone(),
+                ne,
+                dtype: t.info.dtype,
+                data: Some(t.bytes()),
+            }
+        })
+        .collect();
+    let path = dir.path().join("bad.gguf");
+    write_gguf(&mut File::create(&path).unwrap(), &meta, &tensors, 32).unwrap();
+    let (code, r, _) = inspect_json(&path);
+    assert_eq!(code, Some(1), "problems are findings: exit 1");
+    let p = r["problems"].to_string();
+    assert!(
+        p.contains("wrong_shape") && p.contains("blk.1.attn_k_b.weight"),
+        "{p}"
+    );
+    assert!(
+        p.contains("missing") && p.contains("blk.2.indexer.proj.weight"),
+        "{p}"
+    );
+}
+
+#[test]
+fn an_iq_typed_tensor_is_inventoried_but_not_dequantizable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("iq.gguf");
+    let iq = vec![0u8; 66 * 4];
+    let f32s: Vec<u8> = (0..256u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let tensors = vec![
+        WriteTensor {
+            name: "blk.0.attn_q_a.weight".into(),
+            ne: vec![256, 4],
+            dtype: GgmlType::IQ2_XXS,
+            data: Some(&iq),
+        },
+        WriteTensor {
+            name: "blk.0.attn_norm.weight".into(),
+            ne: vec![256],
+            dtype: GgmlType::F32,
+            data: Some(&f32s),
+        },
+    ];
+    let meta = vec![(
+        "general.architecture".to_string(),
+        Value::String("glm-dsa".into()),
+    )];
+    write_gguf(&mut File::create(&path).unwrap(), &meta, &tensors, 32).unwrap();
+    let (_, r, err) = inspect_json(&path);
+    let types = r["types"].as_array().unwrap_or_else(|| panic!("{err}"));
+    let iq = types
+        .iter()
+        .find(|t| t["dtype"] == "IQ2_XXS")
+        .expect("IQ2_XXS inventoried");
+    assert_eq!(iq["dequantizable"], false);
+    assert_eq!(iq["bytes"], 264);
+    assert!(r["notes"].to_string().contains("IQ2_XXS"));
+    // Decoding: that tensor fails alone, the other is still decoded; exit 1 (a finding).
+    let out = glmcheck(&["dequant", path.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = d["tensors"].as_array().unwrap();
+    assert!(rows[0]["error"].as_str().unwrap().contains("IQ2_XXS"));
+    assert_eq!(rows[1]["absmax"], 255.0);
+}
