@@ -179,9 +179,10 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
             let total: u64 = selected.iter().map(|t| t.info.n_bytes).sum();
             let bar = progress(cli.quiet, total);
             let mut rows = Vec::with_capacity(selected.len());
+            let mut buf = Vec::new();
             for t in selected {
                 bar.set_message(t.info.name.clone());
-                rows.push(scan::scan_tensor(t, *repeat));
+                rows.push(scan::scan_tensor(t, *repeat, &mut buf));
                 bar.inc(t.info.n_bytes);
             }
             bar.finish_and_clear();

@@ -54,16 +54,23 @@ pub fn stats_of(values: &[f32]) -> (f64, f64, f64, u64, u64) {
     (absmax, mean, var.sqrt(), nan, inf)
 }
 
-/// Decodes one tensor `repeat` times (at least once) and reports its statistics and best time.
-pub fn scan_tensor(t: TensorRef<'_>, repeat: usize) -> TensorStats {
+/// Decodes one tensor `repeat` times (at least once) into `buf` (grown as needed and reused across
+/// tensors, so memory stays bounded by the largest) and reports its statistics and best time.
+pub fn scan_tensor(t: TensorRef<'_>, repeat: usize, buf: &mut Vec<f32>) -> TensorStats {
     let i = t.info;
+    let n = i.n_elements() as usize;
+    if buf.len() < n {
+        buf.resize(n, 0.0);
+    }
+    let out = &mut buf[..n];
     let mut best = f64::INFINITY;
     let mut result = None;
     for _ in 0..repeat.max(1) {
         let start = Instant::now();
-        let r = t.dequantize();
-        best = best.min(start.elapsed().as_secs_f64());
-        result = Some(r);
+        let r = t.dequantize_into(out);
+        let secs = start.elapsed().as_secs_f64();
+        best = best.min(secs);
+        result = Some(r.map(|()| &*out));
     }
     let base = TensorStats {
         name: i.name.clone(),
@@ -82,7 +89,7 @@ pub fn scan_tensor(t: TensorRef<'_>, repeat: usize) -> TensorStats {
     };
     match result {
         Some(Ok(v)) => {
-            let (absmax, mean, std, nan, inf) = stats_of(&v);
+            let (absmax, mean, std, nan, inf) = stats_of(v);
             TensorStats {
                 absmax,
                 mean,
@@ -90,7 +97,7 @@ pub fn scan_tensor(t: TensorRef<'_>, repeat: usize) -> TensorStats {
                 nan,
                 inf,
                 seconds: best,
-                out_gbps: (v.len() * 4) as f64 / best.max(1e-12) / 1e9,
+                out_gbps: (n * 4) as f64 / best.max(1e-12) / 1e9,
                 ..base
             }
         }

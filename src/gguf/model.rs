@@ -38,6 +38,13 @@ impl<'a> TensorRef<'a> {
 
     /// The tensor as f32 values in ggml memory order (ne0 fastest).
     pub fn dequantize(&self) -> Result<Vec<f32>, DequantError> {
+        let mut out = vec![0f32; self.info.n_elements() as usize];
+        self.dequantize_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// Decodes into a caller's buffer (of exactly `n_elements`), so a scan can reuse one allocation.
+    pub fn dequantize_into(&self, out: &mut [f32]) -> Result<(), DequantError> {
         let bytes = self.bytes();
         if bytes.len() as u64 != self.info.n_bytes {
             return Err(DequantError::Bad {
@@ -51,7 +58,7 @@ impl<'a> TensorRef<'a> {
                 ),
             });
         }
-        dequant::dequantize(&self.info.name, self.info.dtype, bytes)
+        dequant::dequantize_into(&self.info.name, self.info.dtype, bytes, out)
     }
 
     /// Rows `start..start + len` of the outermost dimension (`ne[last]`) as f32: one expert of a
