@@ -58,7 +58,10 @@ fn run_on(bytes: &[u8]) -> (Option<i32>, String) {
     let err = stderr(&out);
     assert!(!err.contains("panicked"), "panic: {err}");
     if out.status.code() == Some(2) {
-        assert!(err.contains("bad.gguf"), "the message names the file: {err}");
+        assert!(
+            err.contains("bad.gguf"),
+            "the message names the file: {err}"
+        );
     }
     (out.status.code(), err)
 }

@@ -866,7 +866,7 @@ mod tests {
             [6144, 2048]
         );
         let n_params = hf_params(&c).len();
-        // 3 dense layers × 17 + 75 MoE layers × (18 + 3 × 256 experts) + 3 globals
-        assert_eq!(n_params, 3 * 17 + 75 * (18 + 3 * 256) + 3);
+        // 3 dense layers × 17 + 75 MoE layers × (19 + 3 × 256 experts) + 3 globals
+        assert_eq!(n_params, 3 * 17 + 75 * (19 + 3 * 256) + 3);
     }
 }

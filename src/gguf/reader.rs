@@ -386,37 +386,26 @@ fn parse(path: &Path, buf: &[u8], file_size: u64) -> Result<Header, GgufError> {
         .saturating_mul(13)
         .saturating_add(n_tensors.saturating_mul(32))
         <= c.remaining();
-    let blame = |e: GgufError, i: u64, n: u64, at: u64, field: &str, what: &str| -> GgufError {
-        match e {
-            GgufError::Truncated {
-                field: inner,
-                offset,
-                ..
-            } if !fits => GgufError::invalid(
-                path,
-                field,
-                at,
-                format!(
-                    "claims {n} {what}, but the file ends in {inner} (byte offset {offset}, record {i}): the count is wrong or the file is truncated"
-                ),
-            ),
-            other => other,
-        }
+    let kv_count = CountCheck {
+        field: "header.metadata_kv_count",
+        what: "metadata entries",
+        n: n_kv,
+        at: n_kv_at,
+        fits,
     };
+    let tensor_count = CountCheck {
+        field: "header.tensor_count",
+        what: "tensor infos",
+        n: n_tensors,
+        at: n_tensors_at,
+        fits,
+    };
+
     let mut metadata = Vec::with_capacity(n_kv.min(c.remaining() / 13) as usize);
     let mut meta_index = HashMap::with_capacity(metadata.capacity());
     for i in 0..n_kv {
-        let (key, value, offset) = parse_kv(&mut c, i).map_err(|e| {
-            blame(
-                e,
-                i,
-                n_kv,
-                n_kv_at,
-                "header.metadata_kv_count",
-                "metadata entries",
-            )
-        })?;
-        let key_at = offset;
+        let key_at = c.pos as u64;
+        let (key, value, offset) = parse_kv(&mut c, i).map_err(|e| kv_count.blame(path, e, i))?;
         if meta_index.insert(key.clone(), metadata.len()).is_some() {
             return Err(c.invalid(
                 format!("metadata[{i}].key"),
@@ -426,86 +415,17 @@ fn parse(path: &Path, buf: &[u8], file_size: u64) -> Result<Header, GgufError> {
         }
         metadata.push(MetaEntry { key, value, offset });
     }
-    parse_rest(
-        path,
-        c,
-        version,
-        metadata,
-        meta_index,
-        n_tensors,
-        n_tensors_at,
-        file_size,
-        &blame,
-    )
-}
-
-fn parse_kv(c: &mut Cursor<'_>, i: u64) -> Result<(String, Value, u64), GgufError> {
-    {
-        let key_at = c.pos as u64;
-        let key = c.utf8_string(&|| format!("metadata[{i}].key"))?;
-        let ty_at = c.pos as u64;
-        let ty_id = c.u32(&|| format!("metadata[{i}] (`{key}`).type"))?;
-        let ty = ValueType::from_id(ty_id).ok_or_else(|| {
-            c.invalid(
-                format!("metadata[{i}] (`{key}`).type"),
-                ty_at,
-                format!("unknown value type id {ty_id}"),
-            )
-        })?;
-        let offset = c.pos as u64;
-        let value = c.value(ty, 0, &|| format!("metadata `{key}`"))?;
-        let _ = key_at;
-        Ok((key, value, offset))
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn parse_rest(
-    path: &Path,
-    mut c: Cursor<'_>,
-    version: u32,
-    metadata: Vec<MetaEntry>,
-    meta_index: HashMap<String, usize>,
-    n_tensors: u64,
-    n_tensors_at: u64,
-    file_size: u64,
-    blame: &dyn Fn(GgufError, u64, u64, u64, &str, &str) -> GgufError,
-) -> Result<Header, GgufError> {
-    let alignment = match meta_index.get("general.alignment").map(|&i| &metadata[i]) {
-        None => DEFAULT_ALIGNMENT,
-        Some(e) => match e.value {
-            Value::U32(a) if a.is_power_of_two() => a as u64,
-            Value::U32(a) => {
-                return Err(c.invalid(
-                    "metadata `general.alignment`".into(),
-                    e.offset,
-                    format!("alignment {a} is not a non-zero power of two"),
-                ))
-            }
-            ref other => {
-                return Err(c.invalid(
-                    "metadata `general.alignment`".into(),
-                    e.offset,
-                    format!("must be a u32, found {}", other.type_name()),
-                ))
-            }
-        },
-    };
+    let alignment = alignment_of(
+        &c,
+        meta_index.get("general.alignment").map(|&i| &metadata[i]),
+    )?;
 
     let mut tensors: Vec<TensorInfo> =
         Vec::with_capacity(n_tensors.min(c.remaining() / 32) as usize);
     let mut names: HashMap<String, usize> = HashMap::with_capacity(tensors.capacity());
     for i in 0..n_tensors {
-        let t = parse_tensor_info(&mut c, i, alignment).map_err(|e| {
-            blame(
-                e,
-                i,
-                n_tensors,
-                n_tensors_at,
-                "header.tensor_count",
-                "tensor infos",
-            )
-        })?;
+        let t =
+            parse_tensor_info(&mut c, i, alignment).map_err(|e| tensor_count.blame(path, e, i))?;
         if names.insert(t.name.clone(), tensors.len()).is_some() {
             return Err(c.invalid(
                 format!("tensor_info[{i}].name"),
@@ -515,108 +435,177 @@ fn parse_rest(
         }
         tensors.push(t);
     }
-    finish(
-        path, c, version, metadata, meta_index, tensors, alignment, file_size,
-    )
+    let data_offset = place_tensors(path, c.pos as u64, &mut tensors, alignment, file_size)?;
+    Ok(Header {
+        path: path.to_path_buf(),
+        version,
+        metadata,
+        meta_index,
+        tensors,
+        alignment,
+        data_offset,
+        file_size,
+    })
 }
 
-fn parse_tensor_info(c: &mut Cursor<'_>, i: u64, alignment: u64) -> Result<TensorInfo, GgufError> {
-    {
-        let info_offset = c.pos as u64;
-        let name = c.utf8_string(&|| format!("tensor_info[{i}].name"))?;
-        let field = |f: &str| format!("tensor_info[{i}] (`{name}`).{f}");
-        let nd_at = c.pos as u64;
-        let n_dims = c.u32(&|| field("n_dims"))?;
-        if n_dims == 0 || n_dims > MAX_DIMS {
-            return Err(c.invalid(
-                field("n_dims"),
-                nd_at,
-                format!("{n_dims} dimensions; ggml tensors have 1 to {MAX_DIMS}"),
-            ));
-        }
-        let mut ne = Vec::with_capacity(n_dims as usize);
-        let mut n_elements: u64 = 1;
-        for d in 0..n_dims {
-            let at = c.pos as u64;
-            let dim = c.u64(&|| field(&format!("ne[{d}]")))?;
-            if dim == 0 {
-                return Err(c.invalid(field(&format!("ne[{d}]")), at, "zero-size dimension"));
-            }
-            if dim > i64::MAX as u64 {
-                return Err(c.invalid(
-                    field(&format!("ne[{d}]")),
-                    at,
-                    format!("dimension {dim} exceeds i64"),
-                ));
-            }
-            n_elements = n_elements.checked_mul(dim).ok_or_else(|| {
-                c.invalid(
-                    field(&format!("ne[{d}]")),
-                    at,
-                    "element count overflows 64 bits",
-                )
-            })?;
-            ne.push(dim);
-        }
-        let ty_at = c.pos as u64;
-        let ty_id = c.u32(&|| field("type"))?;
-        let dtype = GgmlType::from_id(ty_id).ok_or_else(|| {
-            c.invalid(
-                field("type"),
-                ty_at,
-                format!("unknown GGML type id {ty_id}"),
-            )
-        })?;
-        if ne[0] % dtype.block_size != 0 {
-            return Err(c.invalid(
-                field("ne[0]"),
-                nd_at + 4,
+/// A record count from the header, and whether the file could hold that many records.
+struct CountCheck {
+    field: &'static str,
+    what: &'static str,
+    n: u64,
+    at: u64,
+    fits: bool,
+}
+
+impl CountCheck {
+    /// A truncation inside records the file never had room for is the count's fault.
+    fn blame(&self, path: &Path, e: GgufError, i: u64) -> GgufError {
+        match e {
+            GgufError::Truncated {
+                field: inner,
+                offset,
+                ..
+            } if !self.fits => GgufError::invalid(
+                path,
+                self.field,
+                self.at,
                 format!(
-                    "row length {} is not a multiple of {}'s block size {}",
-                    ne[0], dtype, dtype.block_size
+                    "claims {} {}, but the file ends in {inner} (byte offset {offset}, record {i}): the count is wrong or the file is truncated",
+                    self.n, self.what
                 ),
-            ));
+            ),
+            other => other,
         }
-        let n_bytes = dtype.bytes_for(n_elements).ok_or_else(|| {
-            c.invalid(
-                field("ne"),
-                nd_at + 4,
-                format!("byte size of {n_elements} {dtype} elements overflows"),
-            )
-        })?;
-        let off_at = c.pos as u64;
-        let offset = c.u64(&|| field("offset"))?;
-        if offset % alignment != 0 {
-            return Err(c.invalid(
-                field("offset"),
-                off_at,
-                format!("data offset {offset} is not a multiple of the alignment {alignment}"),
-            ));
-        }
-        Ok(TensorInfo {
-            name,
-            ne,
-            dtype,
-            offset,
-            abs_offset: 0,
-            n_bytes,
-            info_offset,
-        })
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn finish(
+fn parse_kv(c: &mut Cursor<'_>, i: u64) -> Result<(String, Value, u64), GgufError> {
+    let key = c.utf8_string(&|| format!("metadata[{i}].key"))?;
+    let ty_at = c.pos as u64;
+    let ty_id = c.u32(&|| format!("metadata[{i}] (`{key}`).type"))?;
+    let ty = ValueType::from_id(ty_id).ok_or_else(|| {
+        c.invalid(
+            format!("metadata[{i}] (`{key}`).type"),
+            ty_at,
+            format!("unknown value type id {ty_id}"),
+        )
+    })?;
+    let offset = c.pos as u64;
+    let value = c.value(ty, 0, &|| format!("metadata `{key}`"))?;
+    Ok((key, value, offset))
+}
+
+fn alignment_of(c: &Cursor<'_>, entry: Option<&MetaEntry>) -> Result<u64, GgufError> {
+    let Some(e) = entry else {
+        return Ok(DEFAULT_ALIGNMENT);
+    };
+    match e.value {
+        Value::U32(a) if a.is_power_of_two() => Ok(a as u64),
+        Value::U32(a) => Err(c.invalid(
+            "metadata `general.alignment`".into(),
+            e.offset,
+            format!("alignment {a} is not a non-zero power of two"),
+        )),
+        ref other => Err(c.invalid(
+            "metadata `general.alignment`".into(),
+            e.offset,
+            format!("must be a u32, found {}", other.type_name()),
+        )),
+    }
+}
+
+fn parse_tensor_info(c: &mut Cursor<'_>, i: u64, alignment: u64) -> Result<TensorInfo, GgufError> {
+    let info_offset = c.pos as u64;
+    let name = c.utf8_string(&|| format!("tensor_info[{i}].name"))?;
+    let field = |f: &str| format!("tensor_info[{i}] (`{name}`).{f}");
+    let nd_at = c.pos as u64;
+    let n_dims = c.u32(&|| field("n_dims"))?;
+    if n_dims == 0 || n_dims > MAX_DIMS {
+        return Err(c.invalid(
+            field("n_dims"),
+            nd_at,
+            format!("{n_dims} dimensions; ggml tensors have 1 to {MAX_DIMS}"),
+        ));
+    }
+    let mut ne = Vec::with_capacity(n_dims as usize);
+    let mut n_elements: u64 = 1;
+    for d in 0..n_dims {
+        let at = c.pos as u64;
+        let dim = c.u64(&|| field(&format!("ne[{d}]")))?;
+        if dim == 0 {
+            return Err(c.invalid(field(&format!("ne[{d}]")), at, "zero-size dimension"));
+        }
+        if dim > i64::MAX as u64 {
+            return Err(c.invalid(
+                field(&format!("ne[{d}]")),
+                at,
+                format!("dimension {dim} exceeds i64"),
+            ));
+        }
+        n_elements = n_elements.checked_mul(dim).ok_or_else(|| {
+            c.invalid(
+                field(&format!("ne[{d}]")),
+                at,
+                "element count overflows 64 bits",
+            )
+        })?;
+        ne.push(dim);
+    }
+    let ty_at = c.pos as u64;
+    let ty_id = c.u32(&|| field("type"))?;
+    let dtype = GgmlType::from_id(ty_id).ok_or_else(|| {
+        c.invalid(
+            field("type"),
+            ty_at,
+            format!("unknown GGML type id {ty_id}"),
+        )
+    })?;
+    if ne[0] % dtype.block_size != 0 {
+        return Err(c.invalid(
+            field("ne[0]"),
+            nd_at + 4,
+            format!(
+                "row length {} is not a multiple of {}'s block size {}",
+                ne[0], dtype, dtype.block_size
+            ),
+        ));
+    }
+    let n_bytes = dtype.bytes_for(n_elements).ok_or_else(|| {
+        c.invalid(
+            field("ne"),
+            nd_at + 4,
+            format!("byte size of {n_elements} {dtype} elements overflows"),
+        )
+    })?;
+    let off_at = c.pos as u64;
+    let offset = c.u64(&|| field("offset"))?;
+    if offset % alignment != 0 {
+        return Err(c.invalid(
+            field("offset"),
+            off_at,
+            format!("data offset {offset} is not a multiple of the alignment {alignment}"),
+        ));
+    }
+    Ok(TensorInfo {
+        name,
+        ne,
+        dtype,
+        offset,
+        abs_offset: 0,
+        n_bytes,
+        info_offset,
+    })
+}
+
+/// Lays the tensors out after the header: absolute offsets, bounds against the file size, no overlaps.
+/// Returns the data section's offset.
+fn place_tensors(
     path: &Path,
-    c: Cursor<'_>,
-    version: u32,
-    metadata: Vec<MetaEntry>,
-    meta_index: HashMap<String, usize>,
-    mut tensors: Vec<TensorInfo>,
+    header_end: u64,
+    tensors: &mut [TensorInfo],
     alignment: u64,
     file_size: u64,
-) -> Result<Header, GgufError> {
-    let header_end = c.pos as u64;
+) -> Result<u64, GgufError> {
     let data_offset = header_end.div_ceil(alignment) * alignment;
     if !tensors.is_empty() && data_offset > file_size {
         return Err(GgufError::Truncated {
@@ -627,7 +616,7 @@ fn finish(
             available: file_size - header_end,
         });
     }
-    for t in &mut tensors {
+    for t in tensors.iter_mut() {
         let abs = data_offset.checked_add(t.offset);
         let end = abs.and_then(|a| a.checked_add(t.n_bytes));
         match (abs, end) {
@@ -666,14 +655,5 @@ fn finish(
         }
     }
 
-    Ok(Header {
-        path: path.to_path_buf(),
-        version,
-        metadata,
-        meta_index,
-        tensors,
-        alignment,
-        data_offset,
-        file_size,
-    })
+    Ok(data_offset)
 }
