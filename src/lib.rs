@@ -4,8 +4,13 @@
 //! (logical tensors) → later stages. Commands are thin glue in the binary.
 
 pub mod arch;
+pub mod compare;
+pub mod dump;
+pub mod faults;
 pub mod gguf;
 pub mod inspect;
+pub mod plan;
 pub mod report;
 pub mod scan;
+pub mod shards;
 pub mod weights;

@@ -1,0 +1,107 @@
+//! Metrics and tolerances. No printing.
+
+use serde::Serialize;
+
+use crate::gguf::GgmlType;
+
+/// How two tensors differ.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Diff {
+    /// ‖a − b‖ / ‖b‖ (b is the reference); 0 when both are zero, ∞ when only b is.
+    pub rel_l2: f64,
+    pub cosine: f64,
+    pub max_abs: f64,
+    /// Flat index of the largest absolute difference.
+    pub max_abs_at: usize,
+}
+
+/// Compares `cand` against `reference` (same length; callers check shapes first).
+pub fn diff(cand: &[f32], reference: &[f32]) -> Diff {
+    let (mut num, mut den, mut aa, mut ab, mut max_abs, mut at) = (0f64, 0f64, 0f64, 0f64, 0f64, 0);
+    for (i, (&a, &b)) in cand.iter().zip(reference).enumerate() {
+        let (a, b) = (a as f64, b as f64);
+        let d = a - b;
+        num += d * d;
+        den += b * b;
+        aa += a * a;
+        ab += a * b;
+        // NaN never compares greater: make a NaN difference the maximum.
+        if d.abs() > max_abs || (d.is_nan() && !max_abs.is_nan()) {
+            max_abs = d.abs();
+            at = i;
+        }
+    }
+    let rel_l2 = if den > 0.0 {
+        (num / den).sqrt()
+    } else if num == 0.0 {
+        0.0
+    } else {
+        f64::INFINITY
+    };
+    let cosine = if aa > 0.0 && den > 0.0 {
+        ab / (aa.sqrt() * den.sqrt())
+    } else if aa == 0.0 && den == 0.0 {
+        1.0
+    } else {
+        0.0
+    };
+    Diff {
+        rel_l2,
+        cosine,
+        max_abs,
+        max_abs_at: at,
+    }
+}
+
+/// The relative L2 error a weight stored as `t` may legitimately carry against its f32 original.
+///
+/// Uniform rounding on a b-bit grid scaled to a block's absmax gives rel-L2 ≈ absmax / (2^(b−1)·√3·σ);
+/// with Gaussian weights (absmax ≈ 2.5–3.5σ per block) that is ≈0.5 % for Q8_0, ≈3 % for 6-bit,
+/// ≈6 % for 5-bit and ≈12 % for 4-bit types. The bounds below add headroom; measured values on the
+/// fixtures are in fixtures/README.md and reports/.
+pub fn quant_rel_l2_bound(t: GgmlType) -> f64 {
+    match t.name {
+        "F32" | "F64" => 1e-6,
+        "F16" => 1e-3,
+        "BF16" => 6e-3,
+        "Q8_0" | "Q8_1" | "Q8_K" => 1.2e-2,
+        "Q6_K" => 4e-2,
+        "Q5_0" | "Q5_1" | "Q5_K" => 8e-2,
+        "Q4_0" | "Q4_1" | "Q4_K" | "IQ4_NL" | "IQ4_XS" | "MXFP4" | "NVFP4" => 0.16,
+        "Q3_K" | "IQ3_XXS" | "IQ3_S" => 0.3,
+        _ => 0.6,
+    }
+}
+
+/// Rounding error of storing f32 values as this float dtype (of a dump), as rel-L2.
+pub fn dump_dtype_rel_l2(dtype: safetensors::Dtype) -> f64 {
+    match dtype {
+        safetensors::Dtype::F64 | safetensors::Dtype::F32 => 1e-6,
+        safetensors::Dtype::F16 => 1e-3,
+        safetensors::Dtype::BF16 => 6e-3,
+        _ => 0.2,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diff_basics() {
+        let d = diff(&[1.0, 2.0, 2.0], &[1.0, 2.0, 3.0]);
+        assert!((d.rel_l2 - (1.0f64 / 14.0).sqrt()).abs() < 1e-12);
+        assert_eq!(d.max_abs, 1.0);
+        assert_eq!(d.max_abs_at, 2);
+        assert_eq!(diff(&[0.0; 3], &[0.0; 3]).rel_l2, 0.0);
+        assert_eq!(diff(&[1.0], &[0.0]).rel_l2, f64::INFINITY);
+        assert!(diff(&[f32::NAN], &[1.0]).max_abs.is_nan());
+        assert!((diff(&[2.0, 0.0], &[1.0, 0.0]).cosine - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn coarser_types_get_looser_bounds() {
+        assert!(quant_rel_l2_bound(GgmlType::Q8_0) < quant_rel_l2_bound(GgmlType::Q6_K));
+        assert!(quant_rel_l2_bound(GgmlType::Q6_K) < quant_rel_l2_bound(GgmlType::Q4_K));
+    }
+}

@@ -1,0 +1,205 @@
+//! Per-rank weight dumps: `rank<r>.safetensors` files holding what each rank of a deployment holds,
+//! under vLLM parameter names, any float dtype. Read memory-mapped and read-only; written to a temp
+//! file and renamed, never over an input.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DumpError {
+    #[error("{file}: cannot read: {err}")]
+    Io { file: PathBuf, err: std::io::Error },
+    #[error("{file}: not a valid safetensors file: {reason}")]
+    Format { file: PathBuf, reason: String },
+    #[error("{dir}: no rank<r>.safetensors files")]
+    Empty { dir: PathBuf },
+    #[error("{file}: tensor `{tensor}` has dtype {dtype:?}; glmcheck compares float tensors only")]
+    Dtype {
+        file: PathBuf,
+        tensor: String,
+        dtype: Dtype,
+    },
+    #[error("{file}: cannot write: {err}")]
+    Write { file: PathBuf, err: String },
+}
+
+/// One tensor of a dump, with its raw bytes kept (so a dtype mix-up can be diagnosed from the bits).
+#[derive(Debug, Clone)]
+pub struct DumpTensor {
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub data: Vec<u8>,
+}
+
+impl DumpTensor {
+    /// Values as f32, read as the dtype the file declares.
+    pub fn to_f32(&self) -> Vec<f32> {
+        decode(self.dtype, &self.data)
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// Decodes little-endian float bytes of `dtype` to f32 (unknown dtypes give no values).
+pub fn decode(dtype: Dtype, data: &[u8]) -> Vec<f32> {
+    match dtype {
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::F16 => data
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => data
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::F64 => data
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The rank files of a dump directory.
+#[derive(Debug)]
+pub struct RankDump {
+    pub dir: PathBuf,
+    /// rank → file, for the rank files that exist.
+    pub files: BTreeMap<usize, PathBuf>,
+}
+
+impl RankDump {
+    /// Finds `rank<r>.safetensors` in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, DumpError> {
+        let rd = std::fs::read_dir(dir).map_err(|err| DumpError::Io {
+            file: dir.to_path_buf(),
+            err,
+        })?;
+        let mut files = BTreeMap::new();
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(r) = name
+                .strip_prefix("rank")
+                .and_then(|s| s.strip_suffix(".safetensors"))
+                .and_then(|s| s.parse::<usize>().ok())
+            {
+                files.insert(r, e.path());
+            }
+        }
+        if files.is_empty() {
+            return Err(DumpError::Empty {
+                dir: dir.to_path_buf(),
+            });
+        }
+        Ok(RankDump {
+            dir: dir.to_path_buf(),
+            files,
+        })
+    }
+
+    /// The tp degree the files suggest (highest rank + 1).
+    pub fn tp(&self) -> usize {
+        self.files.keys().next_back().map_or(0, |r| r + 1)
+    }
+
+    /// Loads every float tensor of one rank.
+    pub fn load_rank(&self, rank: usize) -> Result<Option<BTreeMap<String, DumpTensor>>, DumpError> {
+        let Some(path) = self.files.get(&rank) else {
+            return Ok(None);
+        };
+        load_file(path).map(Some)
+    }
+}
+
+/// Reads one safetensors file (memory-mapped, read-only).
+pub fn load_file(path: &Path) -> Result<BTreeMap<String, DumpTensor>, DumpError> {
+    let f = File::open(path).map_err(|err| DumpError::Io {
+        file: path.to_path_buf(),
+        err,
+    })?;
+    // SAFETY: read-only private map of a file glmcheck never writes.
+    let map = unsafe { Mmap::map(&f) }.map_err(|err| DumpError::Io {
+        file: path.to_path_buf(),
+        err,
+    })?;
+    let st = SafeTensors::deserialize(&map).map_err(|e| DumpError::Format {
+        file: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    let mut out = BTreeMap::new();
+    for (name, view) in st.tensors() {
+        let dtype = view.dtype();
+        if !matches!(dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16 | Dtype::F64) {
+            return Err(DumpError::Dtype {
+                file: path.to_path_buf(),
+                tensor: name,
+                dtype,
+            });
+        }
+        out.insert(
+            name,
+            DumpTensor {
+                dtype,
+                shape: view.shape().to_vec(),
+                data: view.data().to_vec(),
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// Encodes f32 values as `dtype` bytes (F32, F16 or BF16).
+pub fn encode(dtype: Dtype, values: &[f32]) -> Vec<u8> {
+    match dtype {
+        Dtype::F16 => values
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        Dtype::BF16 => values
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect(),
+        _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+/// Writes tensors to `path` atomically (temp file in the same directory, then rename). Refuses to
+/// write over any path in `inputs`.
+pub fn write_file(
+    path: &Path,
+    tensors: &BTreeMap<String, DumpTensor>,
+    metadata: Option<std::collections::HashMap<String, String>>,
+    inputs: &[&Path],
+) -> Result<(), DumpError> {
+    let werr = |err: String| DumpError::Write {
+        file: path.to_path_buf(),
+        err,
+    };
+    for i in inputs {
+        if let (Ok(a), Ok(b)) = (std::fs::canonicalize(i), std::fs::canonicalize(path)) {
+            if a == b {
+                return Err(werr(format!("refusing to overwrite the input {}", i.display())));
+            }
+        }
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(k, t)| {
+            safetensors::tensor::TensorView::new(t.dtype, t.shape.clone(), &t.data)
+                .map(|v| (k.clone(), v))
+                .map_err(|e| werr(format!("{k}: {e}")))
+        })
+        .collect::<Result<_, _>>()?;
+    let tmp = path.with_extension("safetensors.tmp");
+    safetensors::tensor::serialize_to_file(views, metadata, &tmp).map_err(|e| werr(e.to_string()))?;
+    std::fs::rename(&tmp, path).map_err(|e| werr(e.to_string()))
+}

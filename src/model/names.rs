@@ -1,0 +1,428 @@
+//! Parameter and module names for the model, all taken from the one name table
+//! ([`crate::arch::glm_dsa::HF_TABLE`]): parameters are found by role (and, for norms, symbolic
+//! shape), and HF module paths are their parameter names with the last component stripped. The
+//! only strings spelled here are capture conventions of the fixtures that name no tensor
+//! (`rotary_emb`, `act_fn`, the recomputed extras, tuple suffixes).
+
+use crate::arch::glm_dsa::{self, Dim, HfDef, Idx, Rebuild, Role, Scope, HF_TABLE};
+
+use super::ModelError;
+
+/// Which of a layer's parameters a model struct needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Param {
+    Embed,
+    FinalNorm,
+    LmHead,
+    InputNorm,
+    PostAttnNorm,
+    QA,
+    QANorm,
+    QB,
+    KvA,
+    KvANorm,
+    KvB,
+    O,
+    IdxQB,
+    IdxK,
+    IdxKNorm,
+    IdxKNormBias,
+    IdxWeights,
+    DenseGate,
+    DenseUp,
+    DenseDown,
+    Router,
+    RouterBias,
+    ExpertGate,
+    ExpertUp,
+    ExpertDown,
+    SharedGate,
+    SharedUp,
+    SharedDown,
+}
+
+impl Param {
+    /// The table entry of this parameter. Norms share `Role::Norm`; they are told apart by scope and
+    /// symbolic shape, and the two `[Hidden]` layer norms by table order (input first, then
+    /// post-attention, as the table lists them). A swap would change `input_layernorm`'s output, which
+    /// the fixture comparison checks.
+    pub(crate) fn def(self) -> Result<&'static HfDef, ModelError> {
+        use Dim::*;
+        let by_role = |role: Role| -> Vec<&'static HfDef> {
+            HF_TABLE.iter().filter(|d| d.role == role).collect()
+        };
+        let norm = |scope: Scope, shape: &[Dim]| -> Vec<&'static HfDef> {
+            HF_TABLE
+                .iter()
+                .filter(|d| d.role == Role::Norm && d.scope == scope && d.shape == shape)
+                .collect()
+        };
+        let (found, nth) = match self {
+            Param::Embed => (by_role(Role::Embedding), 0),
+            Param::FinalNorm => (norm(Scope::Global, &[Hidden]), 0),
+            Param::LmHead => (by_role(Role::LmHead), 0),
+            Param::InputNorm => (norm(Scope::Layer, &[Hidden]), 0),
+            Param::PostAttnNorm => (norm(Scope::Layer, &[Hidden]), 1),
+            Param::QA => (by_role(Role::AttnQA), 0),
+            Param::QANorm => (norm(Scope::Layer, &[QLora]), 0),
+            Param::QB => (by_role(Role::AttnQB), 0),
+            Param::KvA => (by_role(Role::AttnKvA), 0),
+            Param::KvANorm => (norm(Scope::Layer, &[KvLora]), 0),
+            Param::KvB => (by_role(Role::AttnKvB), 0),
+            Param::O => (by_role(Role::AttnOut), 0),
+            Param::IdxQB => (by_role(Role::IndexerQB), 0),
+            Param::IdxK => (by_role(Role::IndexerK), 0),
+            Param::IdxKNorm => (norm(Scope::Layer, &[IdxDim]), 0),
+            Param::IdxKNormBias => (by_role(Role::NormBias), 0),
+            Param::IdxWeights => (by_role(Role::IndexerWeights), 0),
+            Param::DenseGate => (by_role(Role::FfnGate), 0),
+            Param::DenseUp => (by_role(Role::FfnUp), 0),
+            Param::DenseDown => (by_role(Role::FfnDown), 0),
+            Param::Router => (by_role(Role::Router), 0),
+            Param::RouterBias => (by_role(Role::RouterBias), 0),
+            Param::ExpertGate => (by_role(Role::ExpertGate), 0),
+            Param::ExpertUp => (by_role(Role::ExpertUp), 0),
+            Param::ExpertDown => (by_role(Role::ExpertDown), 0),
+            Param::SharedGate => (by_role(Role::SharedGate), 0),
+            Param::SharedUp => (by_role(Role::SharedUp), 0),
+            Param::SharedDown => (by_role(Role::SharedDown), 0),
+        };
+        let expected = if matches!(self, Param::InputNorm | Param::PostAttnNorm) {
+            2
+        } else {
+            1
+        };
+        if found.len() != expected {
+            return Err(ModelError::NameTable(format!(
+                "{self:?}: expected {expected} matching table entr{}, found {}",
+                if expected == 1 { "y" } else { "ies" },
+                found.len()
+            )));
+        }
+        found
+            .get(nth)
+            .copied()
+            .ok_or_else(|| ModelError::NameTable(format!("{self:?}: no entry {nth}")))
+    }
+
+    /// The concrete HF parameter name (`model.layers.3.self_attn.q_a_proj.weight`).
+    pub(crate) fn name(self, layer: Option<usize>) -> Result<String, ModelError> {
+        let def = self.def()?;
+        if def.rebuild == Rebuild::ExpertSlice {
+            return Err(ModelError::NameTable(format!(
+                "{self:?} is a per-expert template; load it stacked"
+            )));
+        }
+        let idx = Idx {
+            layer,
+            expert: None,
+        };
+        Ok(glm_dsa::name(def.hf, idx))
+    }
+
+    /// The template (`{L}`, `{E}` unfilled), for [`crate::weights::Weights::hf_stacked`].
+    pub(crate) fn template(self) -> Result<&'static str, ModelError> {
+        Ok(self.def()?.hf)
+    }
+
+    /// The HF module path owning this parameter (`model.layers.3.self_attn.q_a_proj`).
+    pub(crate) fn module(self, layer: Option<usize>) -> Result<String, ModelError> {
+        let def = self.def()?;
+        let template = match def.hf.find(".{E}") {
+            // A per-expert parameter: its module is the experts container.
+            Some(at) => &def.hf[..at],
+            None => parent(def.hf)?,
+        };
+        Ok(glm_dsa::name(
+            template,
+            Idx {
+                layer,
+                expert: None,
+            },
+        ))
+    }
+}
+
+/// `a.b.c` → `a.b`.
+pub(crate) fn parent(path: &str) -> Result<&str, ModelError> {
+    path.rsplit_once('.')
+        .map(|(p, _)| p)
+        .ok_or_else(|| ModelError::NameTable(format!("`{path}` has no parent module")))
+}
+
+/// Capture conventions of the fixtures (transformers' module attribute names and the extra tensors
+/// the fixture generator recomputes in its hooks). None of these is a tensor name.
+pub(crate) mod conv {
+    /// The rotary embedding module under `model` (outputs cos, `.1` sin).
+    pub const ROTARY: &str = "rotary_emb";
+    /// The activation submodule of an MLP / of the experts container.
+    pub const ACT: &str = "act_fn";
+    /// Router aliases for tuple elements 1 and 2.
+    pub const TOPK_WEIGHTS: &str = "topk_weights";
+    pub const TOPK_INDICES: &str = "topk_indices";
+    /// Attention extras recomputed by the fixture hooks.
+    pub const QUERY_STATES: &str = "query_states";
+    pub const KEY_STATES: &str = "key_states";
+    pub const VALUE_STATES: &str = "value_states";
+    pub const K_ROT: &str = "k_rot";
+    /// Indexer extras recomputed by the fixture hooks.
+    pub const IDX_Q: &str = "q";
+    pub const IDX_K: &str = "k";
+    pub const IDX_HEAD_WEIGHTS: &str = "head_weights";
+    pub const IDX_SCORES: &str = "index_scores";
+    /// Root outputs.
+    pub const LOGITS: &str = "logits";
+    pub const INPUT_IDS: &str = "input_ids";
+    pub const POSITION_IDS: &str = "position_ids";
+}
+
+/// Every HF module path one decoder layer captures under, resolved once at load.
+#[derive(Debug, Clone)]
+pub(crate) struct LayerPaths {
+    /// `model.layers.N`
+    pub layer: String,
+    pub input_norm: String,
+    pub post_norm: String,
+    pub attn: AttnPaths,
+    pub mlp: MlpPaths,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct AttnPaths {
+    /// `model.layers.N.self_attn`
+    pub module: String,
+    pub q_a: String,
+    pub q_a_norm: String,
+    pub q_b: String,
+    pub kv_a: String,
+    pub kv_a_norm: String,
+    pub kv_b: String,
+    pub o: String,
+    pub indexer: IndexerPaths,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct IndexerPaths {
+    /// `model.layers.N.self_attn.indexer`
+    pub module: String,
+    pub wq_b: String,
+    pub wk: String,
+    pub k_norm: String,
+    pub weights_proj: String,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct MlpPaths {
+    /// `model.layers.N.mlp`
+    pub module: String,
+    pub kind: MlpKind,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum MlpKind {
+    Dense(SwiGluPaths),
+    Moe {
+        gate: String,
+        experts: String,
+        shared: SwiGluPaths,
+    },
+}
+
+/// A gate/up/down MLP (the dense MLP, the shared experts).
+#[derive(Debug, Clone)]
+pub(crate) struct SwiGluPaths {
+    pub module: String,
+    pub gate: String,
+    pub up: String,
+    pub down: String,
+    pub act: String,
+}
+
+impl SwiGluPaths {
+    fn new(gate: Param, up: Param, down: Param, l: usize) -> Result<Self, ModelError> {
+        let gate = gate.module(Some(l))?;
+        let module = parent(&gate)?.to_string();
+        Ok(SwiGluPaths {
+            act: format!("{module}.{}", conv::ACT),
+            up: up.module(Some(l))?,
+            down: down.module(Some(l))?,
+            gate,
+            module,
+        })
+    }
+}
+
+impl LayerPaths {
+    pub(crate) fn new(l: usize, moe: bool) -> Result<Self, ModelError> {
+        let m = |p: Param| p.module(Some(l));
+        let q_a = m(Param::QA)?;
+        let attn_module = parent(&q_a)?.to_string();
+        let wq_b = m(Param::IdxQB)?;
+        let indexer_module = parent(&wq_b)?.to_string();
+        let layer = parent(&attn_module)?.to_string();
+        let kind = if moe {
+            let gate = m(Param::Router)?;
+            MlpKind::Moe {
+                experts: m(Param::ExpertGate)?,
+                shared: SwiGluPaths::new(
+                    Param::SharedGate,
+                    Param::SharedUp,
+                    Param::SharedDown,
+                    l,
+                )?,
+                gate,
+            }
+        } else {
+            MlpKind::Dense(SwiGluPaths::new(
+                Param::DenseGate,
+                Param::DenseUp,
+                Param::DenseDown,
+                l,
+            )?)
+        };
+        let mlp_module = match &kind {
+            MlpKind::Dense(p) => p.module.clone(),
+            MlpKind::Moe { gate, .. } => parent(gate)?.to_string(),
+        };
+        Ok(LayerPaths {
+            layer,
+            input_norm: m(Param::InputNorm)?,
+            post_norm: m(Param::PostAttnNorm)?,
+            attn: AttnPaths {
+                module: attn_module,
+                q_a,
+                q_a_norm: m(Param::QANorm)?,
+                q_b: m(Param::QB)?,
+                kv_a: m(Param::KvA)?,
+                kv_a_norm: m(Param::KvANorm)?,
+                kv_b: m(Param::KvB)?,
+                o: m(Param::O)?,
+                indexer: IndexerPaths {
+                    module: indexer_module,
+                    wq_b,
+                    wk: m(Param::IdxK)?,
+                    k_norm: m(Param::IdxKNorm)?,
+                    weights_proj: m(Param::IdxWeights)?,
+                },
+            },
+            mlp: MlpPaths {
+                module: mlp_module,
+                kind,
+            },
+        })
+    }
+}
+
+/// Paths outside the layers.
+#[derive(Debug, Clone)]
+pub(crate) struct ModelPaths {
+    /// `model`
+    pub model: String,
+    pub embed: String,
+    pub rotary: String,
+    pub norm: String,
+    pub lm_head: String,
+}
+
+impl ModelPaths {
+    pub(crate) fn new() -> Result<Self, ModelError> {
+        let embed = Param::Embed.module(None)?;
+        let model = parent(&embed)?.to_string();
+        Ok(ModelPaths {
+            rotary: format!("{model}.{}", conv::ROTARY),
+            norm: Param::FinalNorm.module(None)?,
+            lm_head: Param::LmHead.module(None)?,
+            embed,
+            model,
+        })
+    }
+}
+
+/// `path.suffix`.
+pub(crate) fn sub(path: &str, suffix: &str) -> String {
+    format!("{path}.{suffix}")
+}
+
+/// The fixtures' key for the `n`-th call of a module called more than once (`path`, `path#1`, …).
+pub(crate) fn nth_call(path: &str, n: usize) -> String {
+    if n == 0 {
+        path.to_string()
+    } else {
+        format!("{path}#{n}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_param_resolves_to_one_entry() {
+        let all = [
+            Param::Embed,
+            Param::FinalNorm,
+            Param::LmHead,
+            Param::InputNorm,
+            Param::PostAttnNorm,
+            Param::QA,
+            Param::QANorm,
+            Param::QB,
+            Param::KvA,
+            Param::KvANorm,
+            Param::KvB,
+            Param::O,
+            Param::IdxQB,
+            Param::IdxK,
+            Param::IdxKNorm,
+            Param::IdxKNormBias,
+            Param::IdxWeights,
+            Param::DenseGate,
+            Param::DenseUp,
+            Param::DenseDown,
+            Param::Router,
+            Param::RouterBias,
+            Param::ExpertGate,
+            Param::ExpertUp,
+            Param::ExpertDown,
+            Param::SharedGate,
+            Param::SharedUp,
+            Param::SharedDown,
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for p in all {
+            let d = p.def().expect("resolves");
+            assert!(seen.insert(d.hf), "{p:?} shares {} with another", d.hf);
+        }
+        // Every table entry is used by the model.
+        assert_eq!(seen.len(), HF_TABLE.len());
+    }
+
+    #[test]
+    fn module_paths_follow_the_hf_layout() {
+        let p = LayerPaths::new(1, true).expect("paths");
+        assert_eq!(p.layer, "model.layers.1");
+        assert_eq!(p.attn.module, "model.layers.1.self_attn");
+        assert_eq!(p.attn.indexer.module, "model.layers.1.self_attn.indexer");
+        assert_eq!(p.input_norm, "model.layers.1.input_layernorm");
+        assert_eq!(p.post_norm, "model.layers.1.post_attention_layernorm");
+        assert_eq!(p.mlp.module, "model.layers.1.mlp");
+        match &p.mlp.kind {
+            MlpKind::Moe {
+                gate,
+                experts,
+                shared,
+            } => {
+                assert_eq!(gate, "model.layers.1.mlp.gate");
+                assert_eq!(experts, "model.layers.1.mlp.experts");
+                assert_eq!(shared.module, "model.layers.1.mlp.shared_experts");
+                assert_eq!(shared.act, "model.layers.1.mlp.shared_experts.act_fn");
+            }
+            MlpKind::Dense(_) => panic!("layer 1 is MoE here"),
+        }
+        let m = ModelPaths::new().expect("paths");
+        assert_eq!(m.model, "model");
+        assert_eq!(m.rotary, "model.rotary_emb");
+        assert_eq!(m.norm, "model.norm");
+        assert_eq!(m.lm_head, "lm_head");
+    }
+}

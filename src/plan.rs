@@ -1,0 +1,386 @@
+//! vLLM's tensor-parallel cut of every GLM-5 parameter, as data (a style per parameter from the name
+//! table) plus one function that cuts a tensor for a rank.
+//!
+//! Rules (vLLM `linear.py`, `fused_moe`, `vocab_parallel_embedding.py`, `deepseek_v2.py`):
+//! column-parallel cuts output rows (dim 0) into `tp` contiguous blocks; row-parallel cuts input
+//! columns (the last dim); merged column-parallel cuts each part's rows and concatenates rank r's
+//! pieces; FusedMoE w13 `[E, 2I, H]` holds gate rows r then up rows r, w2 `[E, H, I]` input columns r;
+//! vocab-parallel pads the vocab to a multiple of 64 and gives each rank `V_pad / tp` contiguous rows
+//! (rows past the real vocab are zero).
+
+use candle_core::Tensor;
+use serde::Serialize;
+
+use crate::arch::glm_dsa::{self, Idx, Rebuild, Scope, TpStyle, VllmDef};
+use crate::arch::Config;
+use crate::gguf::{GgmlType, GgufModel};
+
+/// vLLM's `DEFAULT_VOCAB_PADDING_SIZE`.
+pub const VOCAB_PADDING: usize = 64;
+
+pub fn padded_vocab(v: usize) -> usize {
+    v.div_ceil(VOCAB_PADDING) * VOCAB_PADDING
+}
+
+/// What rank r holds of a full tensor: along `dim`, these `[start, end)` ranges concatenated, then
+/// `pad` zero rows (vocab padding).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Cut {
+    pub dim: usize,
+    pub ranges: Vec<(usize, usize)>,
+    pub pad: usize,
+}
+
+impl Cut {
+    pub fn len(&self) -> usize {
+        self.ranges.iter().map(|(a, b)| b - a).sum::<usize>() + self.pad
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Applies the cut to a full tensor.
+    pub fn apply(&self, full: &Tensor) -> candle_core::Result<Tensor> {
+        let mut pieces = Vec::with_capacity(self.ranges.len() + 1);
+        for &(a, b) in &self.ranges {
+            pieces.push(full.narrow(self.dim, a, b - a)?);
+        }
+        if self.pad > 0 {
+            let mut dims = full.dims().to_vec();
+            dims[self.dim] = self.pad;
+            pieces.push(Tensor::zeros(dims, full.dtype(), full.device())?);
+        }
+        if pieces.len() == 1 {
+            return Ok(pieces.remove(0));
+        }
+        Tensor::cat(&pieces, self.dim)
+    }
+}
+
+/// One parameter's plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct ParamPlan {
+    pub param: String,
+    pub layer: Option<usize>,
+    pub gguf: Vec<String>,
+    /// Quant type of the GGUF source(s); several distinct types are joined with `+`.
+    pub dtype: String,
+    /// The distinct quant types, in source order.
+    #[serde(skip)]
+    pub dtypes: Vec<GgmlType>,
+    pub full_shape: Vec<usize>,
+    pub style: TpStyle,
+    pub shard_dim: Option<usize>,
+    pub shard_shape: Vec<usize>,
+    pub notes: Vec<String>,
+    /// Cuts that cannot be made (divisibility): the deployment cannot run at this tp.
+    pub problems: Vec<String>,
+    #[serde(skip)]
+    pub cuts: Vec<Cut>,
+    #[serde(skip)]
+    pub def: &'static VllmDef,
+    #[serde(skip)]
+    pub idx: Idx,
+}
+
+impl ParamPlan {
+    /// Rank r's shard of the full (unsharded vLLM) tensor.
+    pub fn shard(&self, full: &Tensor, rank: usize) -> candle_core::Result<Tensor> {
+        match self.cuts.get(rank) {
+            Some(c) => c.apply(full),
+            None => Ok(full.clone()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardPlan {
+    pub tp: usize,
+    pub params: Vec<ParamPlan>,
+}
+
+fn blocks(n: usize, tp: usize, r: usize, offset: usize) -> (usize, usize) {
+    let per = n / tp;
+    (offset + r * per, offset + (r + 1) * per)
+}
+
+/// The cut of one style for every rank; `problems` collects divisibility failures.
+fn cuts_for(style: TpStyle, shape: &[usize], parts: &[usize], tp: usize, problems: &mut Vec<String>) -> (Option<usize>, Vec<Cut>) {
+    let rank_cuts = |dim: usize, f: &dyn Fn(usize) -> (Vec<(usize, usize)>, usize)| {
+        (0..tp)
+            .map(|r| {
+                let (ranges, pad) = f(r);
+                Cut { dim, ranges, pad }
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut need = |n: usize, what: &str| {
+        if n % tp != 0 {
+            problems.push(format!("{what} {n} is not divisible by tp={tp}"));
+        }
+    };
+    match style {
+        TpStyle::Replicated => (None, Vec::new()),
+        TpStyle::Column => {
+            need(shape[0], "output rows");
+            (Some(0), rank_cuts(0, &|r| (vec![blocks(shape[0], tp, r, 0)], 0)))
+        }
+        TpStyle::Row => {
+            let d = shape.len() - 1;
+            need(shape[d], "input columns");
+            (Some(d), rank_cuts(d, &|r| (vec![blocks(shape[d], tp, r, 0)], 0)))
+        }
+        TpStyle::MergedColumn | TpStyle::MoeW13 => {
+            let d = if style == TpStyle::MoeW13 { 1 } else { 0 };
+            for &p in parts {
+                need(p, "merged part rows");
+            }
+            (
+                Some(d),
+                rank_cuts(d, &|r| {
+                    let mut off = 0;
+                    let mut ranges = Vec::new();
+                    for &p in parts {
+                        ranges.push(blocks(p, tp, r, off));
+                        off += p;
+                    }
+                    (ranges, 0)
+                }),
+            )
+        }
+        TpStyle::MoeW2 => {
+            need(shape[2], "expert input columns");
+            (Some(2), rank_cuts(2, &|r| (vec![blocks(shape[2], tp, r, 0)], 0)))
+        }
+        TpStyle::Vocab => {
+            let v = shape[0];
+            let vp = padded_vocab(v);
+            need(vp, "padded vocab");
+            let per = vp / tp;
+            (
+                Some(0),
+                rank_cuts(0, &|r| {
+                    let (a, b) = (r * per, (r + 1) * per);
+                    let real = (a.min(v), b.min(v));
+                    let ranges = if real.1 > real.0 { vec![real] } else { Vec::new() };
+                    (ranges, per - (real.1 - real.0))
+                }),
+            )
+        }
+    }
+}
+
+impl ShardPlan {
+    /// The plan for every vLLM parameter the config implies. `model` supplies source names and quant
+    /// types (and is checked for presence); shapes come from the config.
+    pub fn new(model: &GgufModel, c: &Config, tp: usize) -> Self {
+        let mut params = Vec::new();
+        let layers: Vec<Option<usize>> = std::iter::once(None)
+            .chain((0..c.num_hidden_layers).map(Some))
+            .collect();
+        for layer in layers {
+            for def in glm_dsa::VLLM_TABLE {
+                let applies = match layer {
+                    None => def.scope == Scope::Global,
+                    Some(l) => def.scope.has_layer(c, l),
+                };
+                if !applies || (def.vllm == "lm_head.weight" && c.tie_word_embeddings) {
+                    continue;
+                }
+                params.push(plan_param(model, c, tp, def, Idx { layer, expert: None }));
+            }
+        }
+        // Globals in forward order: embedding first, final norm and lm_head last.
+        params.sort_by_key(|p| match (p.layer, p.param.as_str()) {
+            (None, "model.embed_tokens.weight") => (0, 0),
+            (Some(l), _) => (1, l),
+            (None, _) => (2, 0),
+        });
+        check_head_alignment(&mut params, c, tp);
+        ShardPlan { tp, params }
+    }
+}
+
+fn plan_param(model: &GgufModel, c: &Config, tp: usize, def: &'static VllmDef, idx: Idx) -> ParamPlan {
+    let mut gguf = Vec::new();
+    let mut dtypes: Vec<GgmlType> = Vec::new();
+    let mut part_rows = Vec::new();
+    let mut full_shape: Vec<usize> = Vec::new();
+    let mut notes = Vec::new();
+    for part in def.parts {
+        let Some((hf, _)) = glm_dsa::lookup_hf(part) else { continue };
+        let mut shape = glm_dsa::resolve(hf.shape, c);
+        if hf.rebuild == Rebuild::ExpertSlice {
+            shape.insert(0, c.n_routed_experts);
+        }
+        part_rows.push(shape[def.cat_dim]);
+        if full_shape.is_empty() {
+            full_shape = shape;
+        } else {
+            full_shape[def.cat_dim] += shape[def.cat_dim];
+        }
+        let legacy = hf.legacy.filter(|lg| {
+            model.tensor(&glm_dsa::name(hf.gguf[0].name, idx)).is_none()
+                && model.tensor(&glm_dsa::name(lg.name, idx)).is_some()
+        });
+        let sources: Vec<_> = match legacy {
+            Some(lg) => vec![lg],
+            None => hf.gguf.to_vec(),
+        };
+        for s in sources {
+            let n = glm_dsa::name(s.name, idx);
+            match model.tensor(&n) {
+                Some(t) => {
+                    if !dtypes.contains(&t.info.dtype) {
+                        dtypes.push(t.info.dtype);
+                    }
+                }
+                None => notes.push(format!("GGUF tensor {n} is missing")),
+            }
+            gguf.push(n);
+        }
+    }
+    let mut problems = Vec::new();
+    let (shard_dim, cuts) = cuts_for(def.style, &full_shape, &part_rows, tp, &mut problems);
+    let shard_shape = match (shard_dim, cuts.first()) {
+        (Some(d), Some(cut)) => {
+            let mut s = full_shape.clone();
+            s[d] = cut.len();
+            s
+        }
+        _ => full_shape.clone(),
+    };
+    // A cut along the GGUF rows' inner dimension (the input columns of a row-parallel weight) slices
+    // every quantized row; it must land on block boundaries, or the shard cannot be cut from the bytes.
+    if let (Some(d), true) = (shard_dim, def.style == TpStyle::Row || def.style == TpStyle::MoeW2) {
+        let width = shard_shape[d];
+        for t in &dtypes {
+            if t.is_quantized() && width % t.block_size as usize != 0 {
+                notes.push(format!(
+                    "row-parallel cut of a {t} weight: per-rank input width {width} is not a multiple of {t}'s {}-value block, so a rank's shard splits quant blocks; a loader must dequantize first (or re-quantize per rank), not slice the GGUF bytes",
+                    t.block_size
+                ));
+            }
+        }
+    }
+    if def.style == TpStyle::Vocab {
+        let vp = padded_vocab(full_shape[0]);
+        if vp != full_shape[0] {
+            notes.push(format!(
+                "vocab {} padded to {vp} (×{VOCAB_PADDING}); the last {} rows of the padded table are zero",
+                full_shape[0],
+                vp - full_shape[0]
+            ));
+        }
+    }
+    ParamPlan {
+        param: glm_dsa::name(def.vllm, idx),
+        layer: idx.layer,
+        gguf,
+        dtype: dtypes.iter().map(|t| t.name).collect::<Vec<_>>().join("+"),
+        dtypes,
+        full_shape,
+        style: def.style,
+        shard_dim,
+        shard_shape,
+        notes,
+        problems,
+        cuts,
+        def,
+        idx,
+    }
+}
+
+/// q_b_proj, kv_b_proj and o_proj must give every rank the same heads.
+fn check_head_alignment(params: &mut [ParamPlan], c: &Config, tp: usize) {
+    let h = c.num_attention_heads;
+    if h % tp != 0 {
+        for p in params.iter_mut().filter(|p| is_attn_head_param(p)) {
+            p.problems.push(format!(
+                "{h} attention heads cannot be split over tp={tp}: a rank would hold part of a head"
+            ));
+        }
+        return;
+    }
+    let per_head = |p: &ParamPlan| -> usize {
+        match p.def.vllm {
+            v if v.ends_with("q_b_proj.weight") => c.qk_head_dim(),
+            v if v.ends_with("kv_b_proj.weight") => c.qk_nope_head_dim + c.v_head_dim,
+            _ => c.v_head_dim,
+        }
+    };
+    for p in params.iter_mut().filter(|p| is_attn_head_param(p)) {
+        let ph = per_head(p);
+        for (r, cut) in p.cuts.iter().enumerate() {
+            let (a, b) = cut.ranges.first().copied().unwrap_or((0, 0));
+            let heads = (a / ph, b / ph);
+            let want = (r * h / tp, (r + 1) * h / tp);
+            if a % ph != 0 || b % ph != 0 || heads != want {
+                p.problems.push(format!(
+                    "rank {r} gets rows {a}..{b}, not whole heads {}..{} like the other attention projections",
+                    want.0, want.1
+                ));
+            }
+        }
+        p.notes.push(format!("heads {} per rank (rank r: heads r·{0}..(r+1)·{0})", h / tp));
+    }
+}
+
+fn is_attn_head_param(p: &ParamPlan) -> bool {
+    let v = p.def.vllm;
+    v.ends_with("self_attn.q_b_proj.weight")
+        || v.ends_with("self_attn.kv_b_proj.weight")
+        || v.ends_with("self_attn.o_proj.weight")
+}
+
+/// Checks that rank shards of `full` concatenate back to it (and padding is zero). Returns the first
+/// violation as text.
+pub fn check_reassembly(p: &ParamPlan, full: &Tensor, tp: usize) -> Result<(), String> {
+    if p.cuts.is_empty() {
+        return Ok(());
+    }
+    let err = |e: candle_core::Error| e.to_string();
+    let d = p.shard_dim.unwrap_or(0);
+    let mut real = Vec::new();
+    for r in 0..tp {
+        let s = p.shard(full, r).map_err(err)?;
+        let cut = &p.cuts[r];
+        if cut.pad > 0 {
+            let pad = s.narrow(d, cut.len() - cut.pad, cut.pad).map_err(err)?;
+            let m = pad.abs().and_then(|t| t.max_all()).and_then(|t| t.to_scalar::<f32>()).map_err(err)?;
+            if m != 0.0 {
+                return Err(format!("rank {r}'s padding rows are not zero"));
+            }
+        }
+        // Undo the cut: each range back to its place.
+        let mut off = 0;
+        for &(a, b) in &cut.ranges {
+            real.push((a, s.narrow(d, off, b - a).map_err(err)?));
+            off += b - a;
+        }
+    }
+    real.sort_by_key(|(a, _)| *a);
+    let mut expect = 0;
+    for (a, t) in &real {
+        if *a != expect {
+            return Err(format!("shards leave rows {expect}..{a} uncovered or covered twice"));
+        }
+        expect += t.dim(d).map_err(err)?;
+    }
+    if expect != full.dim(d).map_err(err)? {
+        return Err(format!("shards cover {expect} of {} rows", full.dim(d).map_err(err)?));
+    }
+    let pieces: Vec<&Tensor> = real.iter().map(|(_, t)| t).collect();
+    let back = Tensor::cat(&pieces, d).map_err(err)?;
+    let same = back
+        .eq(full)
+        .and_then(|t| t.to_dtype(candle_core::DType::F32))
+        .and_then(|t| t.min_all())
+        .and_then(|t| t.to_scalar::<f32>())
+        .map_err(err)?;
+    if same != 1.0 {
+        return Err("shards concatenated back differ from the full tensor".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,421 @@
+//! `shards --verify` (the GGUF's own shards are sound) and `shards --against DIR` (what a deployment's
+//! ranks hold, diagnosed). No printing: reports are values for `report`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use candle_core::Tensor;
+use serde::Serialize;
+
+use crate::compare::{diff, dump_dtype_rel_l2, quant_rel_l2_bound};
+use crate::dump::{DumpError, DumpTensor, RankDump};
+use crate::faults::{explain, Evidence, Explanation, Fault};
+use crate::plan::{check_reassembly, ParamPlan, ShardPlan};
+use crate::scan::stats_of;
+use crate::weights::{WeightError, Weights};
+
+fn values(t: &Tensor) -> candle_core::Result<Vec<f32>> {
+    t.flatten_all()?.to_vec1::<f32>()
+}
+
+// ---------------------------------------------------------------------------------------------
+// --verify
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyRow {
+    pub param: String,
+    pub dtype: String,
+    pub full_shape: Vec<usize>,
+    pub absmax: f64,
+    pub mean: f64,
+    pub std: f64,
+    pub nan: u64,
+    pub inf: u64,
+    /// Shards concatenate back to the full tensor (and padding is zero).
+    pub reassembles: bool,
+    pub problems: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyReport {
+    pub tp: usize,
+    pub params: Vec<VerifyRow>,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub ok: bool,
+}
+
+/// Dequantizes every planned parameter (one at a time) and checks it. `tick(bytes)` reports progress.
+pub fn verify(w: &Weights<'_>, plan: &ShardPlan, tick: &mut dyn FnMut(&ParamPlan, u64)) -> VerifyReport {
+    let start = std::time::Instant::now();
+    let mut rows = Vec::with_capacity(plan.params.len());
+    let mut bytes = 0;
+    for p in &plan.params {
+        let src_bytes: u64 = p
+            .gguf
+            .iter()
+            .filter_map(|n| w.model.tensor(n))
+            .map(|t| t.info.n_bytes)
+            .sum();
+        let mut row = VerifyRow {
+            param: p.param.clone(),
+            dtype: p.dtype.clone(),
+            full_shape: p.full_shape.clone(),
+            absmax: 0.0,
+            mean: 0.0,
+            std: 0.0,
+            nan: 0,
+            inf: 0,
+            reassembles: false,
+            problems: p.problems.clone(),
+        };
+        match w.vllm(&p.param) {
+            Err(e) => row.problems.push(e.to_string()),
+            Ok(full) => {
+                match values(&full) {
+                    Ok(v) => {
+                        let (absmax, mean, std, nan, inf) = stats_of(&v);
+                        row.absmax = absmax;
+                        row.mean = mean;
+                        row.std = std;
+                        row.nan = nan;
+                        row.inf = inf;
+                        if nan + inf > 0 {
+                            row.problems.push(format!("{nan} NaN and {inf} Inf values"));
+                        }
+                    }
+                    Err(e) => row.problems.push(e.to_string()),
+                }
+                match check_reassembly(p, &full, plan.tp) {
+                    Ok(()) => row.reassembles = true,
+                    Err(e) => row.problems.push(e),
+                }
+                if p.def.vllm.ends_with("self_attn.kv_b_proj.weight") {
+                    if let Err(e) = check_kvb_layout(w, p, &full) {
+                        row.problems.push(e);
+                    }
+                }
+            }
+        }
+        bytes += src_bytes;
+        tick(p, src_bytes);
+        rows.push(row);
+    }
+    let ok = rows.iter().all(|r| r.problems.is_empty());
+    VerifyReport {
+        tp: plan.tp,
+        params: rows,
+        bytes,
+        seconds: start.elapsed().as_secs_f64(),
+        ok,
+    }
+}
+
+/// kv_b_proj read as vLLM's MLA absorption does (`W.T.view(kv_lora, H, nope + v)`, split [nope, v])
+/// must give, per head, attn_k_b transposed back and attn_v_b.
+fn check_kvb_layout(w: &Weights<'_>, p: &ParamPlan, kvb: &Tensor) -> Result<(), String> {
+    let c = w.config;
+    let [k_name, v_name] = p.gguf.as_slice() else {
+        return Ok(()); // legacy single attn_kv_b tensor: nothing to cross-check
+    };
+    let err = |e: candle_core::Error| format!("kv_b_proj layout check: {e}");
+    let h = c.num_attention_heads;
+    let (nope, vd, l) = (c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank);
+    let view = kvb
+        .t()
+        .and_then(|t| t.reshape((l, h, nope + vd)))
+        .map_err(err)?;
+    let k_b = w.gguf_tensor(&p.param, k_name, None).map_err(|e| e.to_string())?; // [H, L, nope]
+    let v_b = w.gguf_tensor(&p.param, v_name, None).map_err(|e| e.to_string())?; // [H, v, L]
+    let k_view = view.narrow(2, 0, nope).and_then(|t| t.permute((1, 0, 2))).map_err(err)?; // [H, L, nope]
+    let v_view = view.narrow(2, nope, vd).and_then(|t| t.permute((1, 2, 0))).map_err(err)?; // [H, v, L]
+    for (name, a, b) in [("k_nope", &k_view, &k_b), ("v", &v_view, &v_b)] {
+        let a = a.contiguous().and_then(|t| values(&t)).map_err(err)?;
+        let b = values(b).map_err(err)?;
+        if a != b {
+            return Err(format!(
+                "kv_b_proj's per-head {name} rows do not equal the GGUF's {} (rel-L2 {:.3e})",
+                if name == "v" { "attn_v_b" } else { "attn_k_b transposed" },
+                diff(&a, &b).rel_l2
+            ));
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// --against
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    pub param: String,
+    pub layer: Option<usize>,
+    pub ranks: Vec<usize>,
+    pub cause: String,
+    pub detail: String,
+    /// Of the worst rank.
+    pub rel_l2: f64,
+    pub cosine: f64,
+}
+
+/// How a (param, rank) compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Class {
+    Match,
+    Quantization,
+    Corrupt,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Checked {
+    pub param: String,
+    pub rank: usize,
+    pub class: Class,
+    pub rel_l2: f64,
+    pub tol_match: f64,
+    pub tol_quant: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AgainstReport {
+    pub verdict: String,
+    pub tp: usize,
+    pub findings: Vec<Finding>,
+    /// Parameters in the plan absent from the dump (param@rank for partial absences).
+    pub missing: Vec<String>,
+    /// Dump tensors the plan does not know.
+    pub unexpected: Vec<String>,
+    pub missing_ranks: Vec<usize>,
+    pub checked: Vec<Checked>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgainstError {
+    #[error(transparent)]
+    Dump(#[from] DumpError),
+    #[error(transparent)]
+    Weights(#[from] WeightError),
+}
+
+/// Compares every parameter present in the dump with its expected shard from the GGUF.
+pub fn against(
+    w: &Weights<'_>,
+    plan: &ShardPlan,
+    dump: &RankDump,
+    strict: bool,
+    tick: &mut dyn FnMut(&ParamPlan),
+) -> Result<AgainstReport, AgainstError> {
+    let tp = plan.tp;
+    let mut ranks: Vec<Option<BTreeMap<String, DumpTensor>>> = Vec::with_capacity(tp);
+    for r in 0..tp {
+        ranks.push(dump.load_rank(r)?);
+    }
+    let missing_ranks: Vec<usize> = (0..tp).filter(|&r| ranks[r].is_none()).collect();
+    let planned: BTreeSet<&str> = plan.params.iter().map(|p| p.param.as_str()).collect();
+    let mut unexpected = BTreeSet::new();
+    for (r, rank) in ranks.iter().enumerate() {
+        if let Some(rank) = rank {
+            for name in rank.keys().filter(|n| !planned.contains(n.as_str())) {
+                unexpected.insert(format!("{name}@rank{r}"));
+            }
+        }
+    }
+    for (r, path) in &dump.files {
+        if *r >= tp {
+            unexpected.insert(format!("{} (rank {r} ≥ tp {tp})", path.display()));
+        }
+    }
+
+    let mut findings = Vec::new();
+    let mut missing = Vec::new();
+    let mut checked = Vec::new();
+    for p in &plan.params {
+        let present: Vec<(usize, &DumpTensor)> = ranks
+            .iter()
+            .enumerate()
+            .filter_map(|(r, m)| m.as_ref().and_then(|m| m.get(&p.param)).map(|t| (r, t)))
+            .collect();
+        let absent: Vec<usize> = (0..tp)
+            .filter(|r| !missing_ranks.contains(r) && !present.iter().any(|(pr, _)| pr == r))
+            .collect();
+        if present.is_empty() {
+            missing.push(p.param.clone());
+            continue;
+        }
+        if !absent.is_empty() {
+            missing.push(format!(
+                "{}@rank{}",
+                p.param,
+                absent.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",")
+            ));
+        }
+        tick(p);
+        let full = w.vllm(&p.param)?;
+        let quant = p.dtypes.iter().map(|t| quant_rel_l2_bound(*t)).fold(0.0, f64::max);
+        let mut per_rank: Vec<(usize, Explanation, f64, f64)> = Vec::new();
+        for (r, t) in &present {
+            let tol_match = dump_dtype_rel_l2(t.dtype);
+            let tol_quant = tol_match + quant;
+            let expected = p.shard(&full, *r).and_then(|s| values(&s)).map_err(|err| {
+                WeightError::Candle {
+                    param: p.param.clone(),
+                    err,
+                }
+            })?;
+            let exp_shape = p.shard(&full, *r).map(|s| s.dims().to_vec()).unwrap_or_default();
+            let (class, d) = if exp_shape == t.shape {
+                let d = diff(&t.to_f32(), &expected);
+                let class = if d.rel_l2 <= tol_match {
+                    Class::Match
+                } else if d.rel_l2 <= tol_quant {
+                    Class::Quantization
+                } else {
+                    Class::Corrupt
+                };
+                (class, Some(d))
+            } else {
+                (Class::Corrupt, None)
+            };
+            checked.push(Checked {
+                param: p.param.clone(),
+                rank: *r,
+                class,
+                rel_l2: d.map_or(f64::NAN, |d| d.rel_l2),
+                tol_match,
+                tol_quant,
+            });
+            if class == Class::Corrupt {
+                let ev = Evidence {
+                    p,
+                    full: &full,
+                    w,
+                    tp,
+                    rank: *r,
+                    actual: t,
+                    tol: tol_quant,
+                };
+                let x = explain(&ev, w.config);
+                per_rank.push((*r, x, d.map_or(f64::NAN, |d| d.rel_l2), d.map_or(f64::NAN, |d| d.cosine)));
+            }
+        }
+        findings.extend(group(p, &per_rank, tp));
+    }
+    findings.sort_by(|a, b| {
+        (a.layer.map_or(-1, |l| l as i64), a.ranks.first().copied(), &a.param)
+            .cmp(&(b.layer.map_or(-1, |l| l as i64), b.ranks.first().copied(), &b.param))
+    });
+    let fail = !findings.is_empty() || (strict && (!missing.is_empty() || !missing_ranks.is_empty()));
+    Ok(AgainstReport {
+        verdict: if fail { "fail" } else { "pass" }.into(),
+        tp,
+        findings,
+        missing,
+        unexpected: unexpected.into_iter().collect(),
+        missing_ranks,
+        checked,
+    })
+}
+
+/// Turns per-rank explanations into findings: ranks with the same cause are one finding; ranks
+/// holding another rank's shard become rank-swap or merged-rank0.
+fn group(p: &ParamPlan, per_rank: &[(usize, Explanation, f64, f64)], tp: usize) -> Vec<Finding> {
+    let mut out: Vec<Finding> = Vec::new();
+    let mut add = |cause: &str, detail: String, rank: usize, rel: f64, cos: f64| {
+        if let Some(f) = out.iter_mut().find(|f| f.cause == cause && f.detail == detail) {
+            f.ranks.push(rank);
+            if rel > f.rel_l2 || f.rel_l2.is_nan() {
+                f.rel_l2 = rel;
+                f.cosine = cos;
+            }
+        } else {
+            out.push(Finding {
+                param: p.param.clone(),
+                layer: p.layer,
+                ranks: vec![rank],
+                cause: cause.into(),
+                detail,
+                rel_l2: rel,
+                cosine: cos,
+            });
+        }
+    };
+    let holders: Vec<(usize, usize)> = per_rank
+        .iter()
+        .filter_map(|(r, x, ..)| match x {
+            Explanation::HoldsShardOf(o) => Some((*r, *o)),
+            _ => None,
+        })
+        .collect();
+    let all_hold_zero = tp > 1 && holders.len() == tp - 1 && holders.iter().all(|&(r, o)| r != 0 && o == 0);
+    for (r, x, rel, cos) in per_rank {
+        match x {
+            Explanation::Fault(f, detail) => add(f.cause(), detail.clone(), *r, *rel, *cos),
+            Explanation::HoldsShardOf(o) if all_hold_zero => add(
+                Fault::MergedRank0.cause(),
+                format!("every rank holds shard {o} (the tp rank was ignored while loading)"),
+                *r,
+                *rel,
+                *cos,
+            ),
+            Explanation::HoldsShardOf(o) => {
+                let swapped = holders.iter().any(|&(a, b)| a == *o && b == *r);
+                let detail = if swapped {
+                    let (a, b) = ((*r).min(*o), (*r).max(*o));
+                    format!("ranks {a} and {b} hold each other's shards")
+                } else {
+                    format!("rank {r} holds rank {o}'s shard")
+                };
+                add("rank-swap", detail, *r, *rel, *cos)
+            }
+            Explanation::ShapeMismatch { expected, found } => add(
+                "shape-mismatch",
+                format!("shape {found:?}, expected {expected:?}"),
+                *r,
+                *rel,
+                *cos,
+            ),
+            Explanation::Unexplained => add(
+                "unexplained",
+                format!("rel-L2 {rel:.3e}, cosine {cos:.4}: no known loader bug's signature fits"),
+                *r,
+                *rel,
+                *cos,
+            ),
+        }
+    }
+    out
+}
+
+/// Writes the dump a loader with `fault` would hold. Returns the files written.
+pub fn inject(
+    w: &Weights<'_>,
+    plan: &ShardPlan,
+    fault: &Fault,
+    layer: Option<usize>,
+    only: &[String],
+    dtype: safetensors::Dtype,
+    out: &std::path::Path,
+    inputs: &[&std::path::Path],
+) -> Result<Vec<std::path::PathBuf>, AgainstError> {
+    let tp = plan.tp;
+    let mut per_rank: Vec<BTreeMap<String, DumpTensor>> = vec![BTreeMap::new(); tp];
+    for p in &plan.params {
+        let full = w.vllm(&p.param)?;
+        let in_scope = layer.is_none_or(|l| p.layer == Some(l))
+            && (only.is_empty() || only.iter().any(|g| crate::scan::glob_match(g, &p.param)));
+        let f = if in_scope { fault.clone() } else { Fault::None };
+        for (r, slot) in per_rank.iter_mut().enumerate() {
+            slot.insert(p.param.clone(), f.inject(p, &full, w, tp, r, dtype)?);
+        }
+    }
+    let mut written = Vec::new();
+    let mut meta = std::collections::HashMap::new();
+    meta.insert("glmcheck.fault".to_string(), format!("{fault:?}"));
+    meta.insert("glmcheck.tp".to_string(), tp.to_string());
+    for (r, tensors) in per_rank.iter().enumerate() {
+        let path = out.join(format!("rank{r}.safetensors"));
+        crate::dump::write_file(&path, tensors, Some(meta.clone()), inputs)?;
+        written.push(path);
+    }
+    Ok(written)
+}
