@@ -112,7 +112,10 @@ impl RankDump {
     }
 
     /// Loads every float tensor of one rank.
-    pub fn load_rank(&self, rank: usize) -> Result<Option<BTreeMap<String, DumpTensor>>, DumpError> {
+    pub fn load_rank(
+        &self,
+        rank: usize,
+    ) -> Result<Option<BTreeMap<String, DumpTensor>>, DumpError> {
         let Some(path) = self.files.get(&rank) else {
             return Ok(None);
         };
@@ -187,7 +190,10 @@ pub fn write_file(
     for i in inputs {
         if let (Ok(a), Ok(b)) = (std::fs::canonicalize(i), std::fs::canonicalize(path)) {
             if a == b {
-                return Err(werr(format!("refusing to overwrite the input {}", i.display())));
+                return Err(werr(format!(
+                    "refusing to overwrite the input {}",
+                    i.display()
+                )));
             }
         }
     }
@@ -200,6 +206,7 @@ pub fn write_file(
         })
         .collect::<Result<_, _>>()?;
     let tmp = path.with_extension("safetensors.tmp");
-    safetensors::tensor::serialize_to_file(views, metadata, &tmp).map_err(|e| werr(e.to_string()))?;
+    safetensors::tensor::serialize_to_file(views, metadata, &tmp)
+        .map_err(|e| werr(e.to_string()))?;
     std::fs::rename(&tmp, path).map_err(|e| werr(e.to_string()))
 }

@@ -9,6 +9,7 @@ pub mod dump;
 pub mod faults;
 pub mod gguf;
 pub mod inspect;
+pub mod model;
 pub mod plan;
 pub mod report;
 pub mod scan;

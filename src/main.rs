@@ -9,9 +9,14 @@ use anyhow::Context;
 use clap::{CommandFactory, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use glmcheck::arch::config::ConfigReader;
+use glmcheck::dump::RankDump;
+use glmcheck::faults::Fault;
 use glmcheck::gguf::GgufModel;
 use glmcheck::inspect::InspectReport;
-use glmcheck::{report, scan};
+use glmcheck::plan::{ParamPlan, ShardPlan};
+use glmcheck::weights::Weights;
+use glmcheck::{report, scan, shards};
 
 const AFTER_HELP: &str = "\
 Exit codes: 0 ok, 1 a finding (problems, corruption), 2 unreadable or malformed input.
@@ -87,6 +92,75 @@ Exit codes: 0 all decoded and finite, 1 NaN/Inf values or undecodable tensors, 2
         /// Print JSON: {"tensors": [{"name", "dtype", "shape", "absmax", "mean", "std", "nan", "inf", "seconds", "out_gbps"}]}.
         #[arg(long)]
         json: bool,
+    },
+    /// vLLM's tensor-parallel cut of every GLM-5 parameter; verify it; diagnose what ranks hold.
+    ///
+    /// Without --verify/--against, reads headers only: one row per vLLM parameter with its GGUF
+    /// source(s), quant type, full shape, TP style, shard dim and per-rank shard shape, flagging cuts
+    /// that cannot be made (divisibility, head alignment) or that split quant blocks.
+    #[command(after_help = "Examples:
+  glmcheck shards model.gguf                          # the tp=8 plan
+  glmcheck shards model.gguf --tp 4 --layer 3 --json
+  glmcheck shards model.gguf --tensor '*kv_b_proj*' --verify
+  glmcheck shards model.gguf --tp 8 --against /dumps/weights   # rank0.safetensors … rank7.safetensors
+
+Exit codes: 0 sound / pass, 1 problems or at least one corrupt finding, 2 unreadable or malformed input.")]
+    Shards {
+        /// The GGUF file (or any part of a split set).
+        file: PathBuf,
+        /// Tensor-parallel degree.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=4096))]
+        tp: u16,
+        /// Only this layer's parameters.
+        #[arg(long)]
+        layer: Option<usize>,
+        /// Only parameters whose vLLM name or GGUF source matches this glob; repeatable.
+        #[arg(long = "tensor", value_name = "GLOB")]
+        tensors: Vec<String>,
+        /// Dequantize every parameter: finite values, statistics, shards reassemble, kv_b layout.
+        #[arg(long, conflicts_with = "against")]
+        verify: bool,
+        /// Compare the per-rank dump in DIR (rank<r>.safetensors, vLLM names) with the expected shards.
+        #[arg(long, value_name = "DIR")]
+        against: Option<PathBuf>,
+        /// With --against: parameters or rank files absent from the dump fail the run.
+        #[arg(long, requires = "against")]
+        strict: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the per-rank dump that a loader with a known bug would hold (or the correct one).
+    #[command(
+        after_help = "Faults: none, kvb-concat, kvb-untransposed, rank-swap:A,B, merged-rank0,
+  merged-midsplit, param-zeroed:GLOB, wrong-dim, vocab-unpadded, bf16-as-f16
+
+Examples:
+  glmcheck inject --fault kvb-concat --layer 1 --tp 8 --out /tmp/bad fixtures/tiny/tiny-F32.gguf
+  glmcheck shards fixtures/tiny/tiny-F32.gguf --tp 8 --against /tmp/bad
+  glmcheck inject --fault none --tp 2 --dtype bf16 --out /tmp/good model.gguf"
+    )]
+    Inject {
+        /// The GGUF file (or any part of a split set).
+        file: PathBuf,
+        /// The loader bug to reproduce.
+        #[arg(long)]
+        fault: String,
+        /// Only this layer's parameters get the bug.
+        #[arg(long)]
+        layer: Option<usize>,
+        /// Only parameters matching this glob get the bug (default: the ones the bug hits); repeatable.
+        #[arg(long = "param", value_name = "GLOB")]
+        params: Vec<String>,
+        /// Tensor-parallel degree.
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=4096))]
+        tp: u16,
+        /// Output directory (created; rank<r>.safetensors are written into it).
+        #[arg(long)]
+        out: PathBuf,
+        /// dtype of the dumped tensors.
+        #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "f16"])]
+        dtype: String,
     },
     /// Print a shell completion script.
     #[command(after_help = "Example:
@@ -195,6 +269,138 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                 .iter()
                 .any(|r| r.error.is_some() || r.nan > 0 || r.inf > 0);
             Ok(if bad { Outcome::Finding } else { Outcome::Ok })
+        }
+        Command::Shards {
+            file,
+            tp,
+            layer,
+            tensors,
+            verify,
+            against,
+            strict,
+            json,
+        } => {
+            let tp = *tp as usize;
+            let model = open(file)?;
+            let cfg = ConfigReader::read(&model, glmcheck::arch::ARCH)?.config;
+            let plan = ShardPlan::new(&model, &cfg, tp);
+            let keep = |p: &ParamPlan| {
+                layer.is_none_or(|l| p.layer == Some(l))
+                    && (tensors.is_empty()
+                        || tensors.iter().any(|g| {
+                            scan::glob_match(g, &p.param)
+                                || p.gguf.iter().any(|n| scan::glob_match(g, n))
+                        }))
+            };
+            let selected = ShardPlan {
+                tp,
+                params: plan.params.iter().filter(|p| keep(p)).cloned().collect(),
+            };
+            if selected.params.is_empty() {
+                anyhow::bail!("no parameter matches the --layer/--tensor filters");
+            }
+            let w = Weights::new(&model, &cfg, candle_core::Device::Cpu);
+            if *verify {
+                let total: u64 = selected
+                    .params
+                    .iter()
+                    .flat_map(|p| p.gguf.iter())
+                    .filter_map(|n| model.tensor(n))
+                    .map(|t| t.info.n_bytes)
+                    .sum();
+                let bar = progress(cli.quiet, total);
+                let r = shards::verify(&w, &selected, &mut |p, b| {
+                    bar.set_message(p.param.clone());
+                    bar.inc(b);
+                });
+                bar.finish_and_clear();
+                if *json {
+                    print_json(&r)?;
+                } else {
+                    print_text(&report::verify_text(&r))?;
+                }
+                return Ok(if r.ok { Outcome::Ok } else { Outcome::Finding });
+            }
+            if let Some(dir) = against {
+                let dump = RankDump::open(dir)?;
+                if dump.tp() != tp && !cli.quiet {
+                    eprintln!(
+                        "glmcheck: warning: {} holds rank files up to rank {}, checking at --tp {tp}",
+                        dir.display(),
+                        dump.tp().saturating_sub(1)
+                    );
+                }
+                let bar = progress(cli.quiet, selected.params.len() as u64);
+                let r = shards::against(&w, &selected, &dump, *strict, &mut |p| {
+                    bar.set_message(p.param.clone());
+                    bar.inc(1);
+                })?;
+                bar.finish_and_clear();
+                if *json {
+                    print_json(&r)?;
+                } else {
+                    print_text(&report::against_text(&r))?;
+                }
+                return Ok(if r.verdict == "pass" {
+                    Outcome::Ok
+                } else {
+                    Outcome::Finding
+                });
+            }
+            if *json {
+                print_json(&selected)?;
+            } else {
+                let rows: Vec<&ParamPlan> = selected.params.iter().collect();
+                print_text(&report::shards_text(&selected, &rows))?;
+            }
+            let problems = selected.params.iter().any(|p| !p.problems.is_empty());
+            Ok(if problems {
+                Outcome::Finding
+            } else {
+                Outcome::Ok
+            })
+        }
+        Command::Inject {
+            file,
+            fault,
+            layer,
+            params,
+            tp,
+            out,
+            dtype,
+        } => {
+            let tp = *tp as usize;
+            let fault: Fault = fault.parse().map_err(anyhow::Error::msg)?;
+            fault.check_tp(tp).map_err(anyhow::Error::msg)?;
+            let model = open(file)?;
+            let cfg = ConfigReader::read(&model, glmcheck::arch::ARCH)?.config;
+            let plan = ShardPlan::new(&model, &cfg, tp);
+            if let Some(p) = plan.params.iter().find(|p| !p.problems.is_empty()) {
+                anyhow::bail!(
+                    "{} cannot be sharded at tp={tp}: {}",
+                    p.param,
+                    p.problems.join("; ")
+                );
+            }
+            let w = Weights::new(&model, &cfg, candle_core::Device::Cpu);
+            let dtype = match dtype.as_str() {
+                "bf16" => safetensors::Dtype::BF16,
+                "f16" => safetensors::Dtype::F16,
+                _ => safetensors::Dtype::F32,
+            };
+            std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+            let inputs: Vec<&std::path::Path> =
+                model.parts.iter().map(|p| p.path.as_path()).collect();
+            let written = shards::inject(&w, &plan, &fault, *layer, params, dtype, out, &inputs)?;
+            if !cli.quiet {
+                eprintln!(
+                    "glmcheck: wrote {} rank files to {} (fault {})",
+                    written.len(),
+                    out.display(),
+                    fault.cause()
+                );
+            }
+            Ok(Outcome::Ok)
         }
         Command::Completions { shell } => {
             let mut cmd = Cli::command();

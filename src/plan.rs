@@ -74,6 +74,8 @@ pub struct ParamPlan {
     pub shard_dim: Option<usize>,
     pub shard_shape: Vec<usize>,
     pub notes: Vec<String>,
+    /// A per-rank cut slices quant blocks of the GGUF data (the shard cannot be cut from the bytes).
+    pub splits_quant_blocks: bool,
     /// Cuts that cannot be made (divisibility): the deployment cannot run at this tp.
     pub problems: Vec<String>,
     #[serde(skip)]
@@ -106,7 +108,13 @@ fn blocks(n: usize, tp: usize, r: usize, offset: usize) -> (usize, usize) {
 }
 
 /// The cut of one style for every rank; `problems` collects divisibility failures.
-fn cuts_for(style: TpStyle, shape: &[usize], parts: &[usize], tp: usize, problems: &mut Vec<String>) -> (Option<usize>, Vec<Cut>) {
+fn cuts_for(
+    style: TpStyle,
+    shape: &[usize],
+    parts: &[usize],
+    tp: usize,
+    problems: &mut Vec<String>,
+) -> (Option<usize>, Vec<Cut>) {
     let rank_cuts = |dim: usize, f: &dyn Fn(usize) -> (Vec<(usize, usize)>, usize)| {
         (0..tp)
             .map(|r| {
@@ -115,6 +123,10 @@ fn cuts_for(style: TpStyle, shape: &[usize], parts: &[usize], tp: usize, problem
             })
             .collect::<Vec<_>>()
     };
+    if shape.is_empty() {
+        problems.push("no shape (the parameter's parts are unknown)".into());
+        return (None, Vec::new());
+    }
     let mut need = |n: usize, what: &str| {
         if n % tp != 0 {
             problems.push(format!("{what} {n} is not divisible by tp={tp}"));
@@ -124,12 +136,18 @@ fn cuts_for(style: TpStyle, shape: &[usize], parts: &[usize], tp: usize, problem
         TpStyle::Replicated => (None, Vec::new()),
         TpStyle::Column => {
             need(shape[0], "output rows");
-            (Some(0), rank_cuts(0, &|r| (vec![blocks(shape[0], tp, r, 0)], 0)))
+            (
+                Some(0),
+                rank_cuts(0, &|r| (vec![blocks(shape[0], tp, r, 0)], 0)),
+            )
         }
         TpStyle::Row => {
             let d = shape.len() - 1;
             need(shape[d], "input columns");
-            (Some(d), rank_cuts(d, &|r| (vec![blocks(shape[d], tp, r, 0)], 0)))
+            (
+                Some(d),
+                rank_cuts(d, &|r| (vec![blocks(shape[d], tp, r, 0)], 0)),
+            )
         }
         TpStyle::MergedColumn | TpStyle::MoeW13 => {
             let d = if style == TpStyle::MoeW13 { 1 } else { 0 };
@@ -149,9 +167,16 @@ fn cuts_for(style: TpStyle, shape: &[usize], parts: &[usize], tp: usize, problem
                 }),
             )
         }
-        TpStyle::MoeW2 => {
+        TpStyle::MoeW2 if shape.len() == 3 => {
             need(shape[2], "expert input columns");
-            (Some(2), rank_cuts(2, &|r| (vec![blocks(shape[2], tp, r, 0)], 0)))
+            (
+                Some(2),
+                rank_cuts(2, &|r| (vec![blocks(shape[2], tp, r, 0)], 0)),
+            )
+        }
+        TpStyle::MoeW2 => {
+            problems.push(format!("expert tensor of shape {shape:?} is not 3-D"));
+            (None, Vec::new())
         }
         TpStyle::Vocab => {
             let v = shape[0];
@@ -163,7 +188,11 @@ fn cuts_for(style: TpStyle, shape: &[usize], parts: &[usize], tp: usize, problem
                 rank_cuts(0, &|r| {
                     let (a, b) = (r * per, (r + 1) * per);
                     let real = (a.min(v), b.min(v));
-                    let ranges = if real.1 > real.0 { vec![real] } else { Vec::new() };
+                    let ranges = if real.1 > real.0 {
+                        vec![real]
+                    } else {
+                        Vec::new()
+                    };
                     (ranges, per - (real.1 - real.0))
                 }),
             )
@@ -188,7 +217,16 @@ impl ShardPlan {
                 if !applies || (def.vllm == "lm_head.weight" && c.tie_word_embeddings) {
                     continue;
                 }
-                params.push(plan_param(model, c, tp, def, Idx { layer, expert: None }));
+                params.push(plan_param(
+                    model,
+                    c,
+                    tp,
+                    def,
+                    Idx {
+                        layer,
+                        expert: None,
+                    },
+                ));
             }
         }
         // Globals in forward order: embedding first, final norm and lm_head last.
@@ -202,14 +240,23 @@ impl ShardPlan {
     }
 }
 
-fn plan_param(model: &GgufModel, c: &Config, tp: usize, def: &'static VllmDef, idx: Idx) -> ParamPlan {
+fn plan_param(
+    model: &GgufModel,
+    c: &Config,
+    tp: usize,
+    def: &'static VllmDef,
+    idx: Idx,
+) -> ParamPlan {
     let mut gguf = Vec::new();
     let mut dtypes: Vec<GgmlType> = Vec::new();
     let mut part_rows = Vec::new();
     let mut full_shape: Vec<usize> = Vec::new();
     let mut notes = Vec::new();
     for part in def.parts {
-        let Some((hf, _)) = glm_dsa::lookup_hf(part) else { continue };
+        let Some(hf) = glm_dsa::HF_TABLE.iter().find(|d| d.hf == *part) else {
+            notes.push(format!("internal: {part} is not in the name table"));
+            continue;
+        };
         let mut shape = glm_dsa::resolve(hf.shape, c);
         if hf.rebuild == Rebuild::ExpertSlice {
             shape.insert(0, c.n_routed_experts);
@@ -253,12 +300,17 @@ fn plan_param(model: &GgufModel, c: &Config, tp: usize, def: &'static VllmDef, i
     };
     // A cut along the GGUF rows' inner dimension (the input columns of a row-parallel weight) slices
     // every quantized row; it must land on block boundaries, or the shard cannot be cut from the bytes.
-    if let (Some(d), true) = (shard_dim, def.style == TpStyle::Row || def.style == TpStyle::MoeW2) {
+    let mut splits_quant_blocks = false;
+    if let (Some(d), true) = (
+        shard_dim,
+        def.style == TpStyle::Row || def.style == TpStyle::MoeW2,
+    ) {
         let width = shard_shape[d];
         for t in &dtypes {
             if t.is_quantized() && width % t.block_size as usize != 0 {
+                splits_quant_blocks = true;
                 notes.push(format!(
-                    "row-parallel cut of a {t} weight: per-rank input width {width} is not a multiple of {t}'s {}-value block, so a rank's shard splits quant blocks; a loader must dequantize first (or re-quantize per rank), not slice the GGUF bytes",
+                    "cut splits quant blocks: {width}-wide input slices of {t}'s {}-value blocks; dequantize before sharding, do not slice GGUF bytes",
                     t.block_size
                 ));
             }
@@ -285,6 +337,7 @@ fn plan_param(model: &GgufModel, c: &Config, tp: usize, def: &'static VllmDef, i
         shard_dim,
         shard_shape,
         notes,
+        splits_quant_blocks,
         problems,
         cuts,
         def,
@@ -323,7 +376,7 @@ fn check_head_alignment(params: &mut [ParamPlan], c: &Config, tp: usize) {
                 ));
             }
         }
-        p.notes.push(format!("heads {} per rank (rank r: heads r·{0}..(r+1)·{0})", h / tp));
+        p.notes.push(format!("{} head(s) per rank", h / tp));
     }
 }
 
@@ -348,7 +401,11 @@ pub fn check_reassembly(p: &ParamPlan, full: &Tensor, tp: usize) -> Result<(), S
         let cut = &p.cuts[r];
         if cut.pad > 0 {
             let pad = s.narrow(d, cut.len() - cut.pad, cut.pad).map_err(err)?;
-            let m = pad.abs().and_then(|t| t.max_all()).and_then(|t| t.to_scalar::<f32>()).map_err(err)?;
+            let m = pad
+                .abs()
+                .and_then(|t| t.max_all())
+                .and_then(|t| t.to_scalar::<f32>())
+                .map_err(err)?;
             if m != 0.0 {
                 return Err(format!("rank {r}'s padding rows are not zero"));
             }
@@ -364,12 +421,17 @@ pub fn check_reassembly(p: &ParamPlan, full: &Tensor, tp: usize) -> Result<(), S
     let mut expect = 0;
     for (a, t) in &real {
         if *a != expect {
-            return Err(format!("shards leave rows {expect}..{a} uncovered or covered twice"));
+            return Err(format!(
+                "shards leave rows {expect}..{a} uncovered or covered twice"
+            ));
         }
         expect += t.dim(d).map_err(err)?;
     }
     if expect != full.dim(d).map_err(err)? {
-        return Err(format!("shards cover {expect} of {} rows", full.dim(d).map_err(err)?));
+        return Err(format!(
+            "shards cover {expect} of {} rows",
+            full.dim(d).map_err(err)?
+        ));
     }
     let pieces: Vec<&Tensor> = real.iter().map(|(_, t)| t).collect();
     let back = Tensor::cat(&pieces, d).map_err(err)?;

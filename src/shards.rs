@@ -45,7 +45,11 @@ pub struct VerifyReport {
 }
 
 /// Dequantizes every planned parameter (one at a time) and checks it. `tick(bytes)` reports progress.
-pub fn verify(w: &Weights<'_>, plan: &ShardPlan, tick: &mut dyn FnMut(&ParamPlan, u64)) -> VerifyReport {
+pub fn verify(
+    w: &Weights<'_>,
+    plan: &ShardPlan,
+    tick: &mut dyn FnMut(&ParamPlan, u64),
+) -> VerifyReport {
     let start = std::time::Instant::now();
     let mut rows = Vec::with_capacity(plan.params.len());
     let mut bytes = 0;
@@ -124,17 +128,31 @@ fn check_kvb_layout(w: &Weights<'_>, p: &ParamPlan, kvb: &Tensor) -> Result<(), 
         .t()
         .and_then(|t| t.reshape((l, h, nope + vd)))
         .map_err(err)?;
-    let k_b = w.gguf_tensor(&p.param, k_name, None).map_err(|e| e.to_string())?; // [H, L, nope]
-    let v_b = w.gguf_tensor(&p.param, v_name, None).map_err(|e| e.to_string())?; // [H, v, L]
-    let k_view = view.narrow(2, 0, nope).and_then(|t| t.permute((1, 0, 2))).map_err(err)?; // [H, L, nope]
-    let v_view = view.narrow(2, nope, vd).and_then(|t| t.permute((1, 2, 0))).map_err(err)?; // [H, v, L]
+    let k_b = w
+        .gguf_tensor(&p.param, k_name, None)
+        .map_err(|e| e.to_string())?; // [H, L, nope]
+    let v_b = w
+        .gguf_tensor(&p.param, v_name, None)
+        .map_err(|e| e.to_string())?; // [H, v, L]
+    let k_view = view
+        .narrow(2, 0, nope)
+        .and_then(|t| t.permute((1, 0, 2)))
+        .map_err(err)?; // [H, L, nope]
+    let v_view = view
+        .narrow(2, nope, vd)
+        .and_then(|t| t.permute((1, 2, 0)))
+        .map_err(err)?; // [H, v, L]
     for (name, a, b) in [("k_nope", &k_view, &k_b), ("v", &v_view, &v_b)] {
         let a = a.contiguous().and_then(|t| values(&t)).map_err(err)?;
         let b = values(b).map_err(err)?;
         if a != b {
             return Err(format!(
                 "kv_b_proj's per-head {name} rows do not equal the GGUF's {} (rel-L2 {:.3e})",
-                if name == "v" { "attn_v_b" } else { "attn_k_b transposed" },
+                if name == "v" {
+                    "attn_v_b"
+                } else {
+                    "attn_k_b transposed"
+                },
                 diff(&a, &b).rel_l2
             ));
         }
@@ -246,23 +264,35 @@ pub fn against(
             missing.push(format!(
                 "{}@rank{}",
                 p.param,
-                absent.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",")
+                absent
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
             ));
         }
         tick(p);
         let full = w.vllm(&p.param)?;
-        let quant = p.dtypes.iter().map(|t| quant_rel_l2_bound(*t)).fold(0.0, f64::max);
+        let quant = p
+            .dtypes
+            .iter()
+            .map(|t| quant_rel_l2_bound(*t))
+            .fold(0.0, f64::max);
         let mut per_rank: Vec<(usize, Explanation, f64, f64)> = Vec::new();
         for (r, t) in &present {
             let tol_match = dump_dtype_rel_l2(t.dtype);
             let tol_quant = tol_match + quant;
-            let expected = p.shard(&full, *r).and_then(|s| values(&s)).map_err(|err| {
-                WeightError::Candle {
-                    param: p.param.clone(),
-                    err,
-                }
-            })?;
-            let exp_shape = p.shard(&full, *r).map(|s| s.dims().to_vec()).unwrap_or_default();
+            let expected =
+                p.shard(&full, *r)
+                    .and_then(|s| values(&s))
+                    .map_err(|err| WeightError::Candle {
+                        param: p.param.clone(),
+                        err,
+                    })?;
+            let exp_shape = p
+                .shard(&full, *r)
+                .map(|s| s.dims().to_vec())
+                .unwrap_or_default();
             let (class, d) = if exp_shape == t.shape {
                 let d = diff(&t.to_f32(), &expected);
                 let class = if d.rel_l2 <= tol_match {
@@ -295,16 +325,30 @@ pub fn against(
                     tol: tol_quant,
                 };
                 let x = explain(&ev, w.config);
-                per_rank.push((*r, x, d.map_or(f64::NAN, |d| d.rel_l2), d.map_or(f64::NAN, |d| d.cosine)));
+                per_rank.push((
+                    *r,
+                    x,
+                    d.map_or(f64::NAN, |d| d.rel_l2),
+                    d.map_or(f64::NAN, |d| d.cosine),
+                ));
             }
         }
         findings.extend(group(p, &per_rank, tp));
     }
     findings.sort_by(|a, b| {
-        (a.layer.map_or(-1, |l| l as i64), a.ranks.first().copied(), &a.param)
-            .cmp(&(b.layer.map_or(-1, |l| l as i64), b.ranks.first().copied(), &b.param))
+        (
+            a.layer.map_or(-1, |l| l as i64),
+            a.ranks.first().copied(),
+            &a.param,
+        )
+            .cmp(&(
+                b.layer.map_or(-1, |l| l as i64),
+                b.ranks.first().copied(),
+                &b.param,
+            ))
     });
-    let fail = !findings.is_empty() || (strict && (!missing.is_empty() || !missing_ranks.is_empty()));
+    let fail =
+        !findings.is_empty() || (strict && (!missing.is_empty() || !missing_ranks.is_empty()));
     Ok(AgainstReport {
         verdict: if fail { "fail" } else { "pass" }.into(),
         tp,
@@ -321,7 +365,10 @@ pub fn against(
 fn group(p: &ParamPlan, per_rank: &[(usize, Explanation, f64, f64)], tp: usize) -> Vec<Finding> {
     let mut out: Vec<Finding> = Vec::new();
     let mut add = |cause: &str, detail: String, rank: usize, rel: f64, cos: f64| {
-        if let Some(f) = out.iter_mut().find(|f| f.cause == cause && f.detail == detail) {
+        if let Some(f) = out
+            .iter_mut()
+            .find(|f| f.cause == cause && f.detail == detail)
+        {
             f.ranks.push(rank);
             if rel > f.rel_l2 || f.rel_l2.is_nan() {
                 f.rel_l2 = rel;
@@ -346,7 +393,8 @@ fn group(p: &ParamPlan, per_rank: &[(usize, Explanation, f64, f64)], tp: usize) 
             _ => None,
         })
         .collect();
-    let all_hold_zero = tp > 1 && holders.len() == tp - 1 && holders.iter().all(|&(r, o)| r != 0 && o == 0);
+    let all_hold_zero =
+        tp > 1 && holders.len() == tp - 1 && holders.iter().all(|&(r, o)| r != 0 && o == 0);
     for (r, x, rel, cos) in per_rank {
         match x {
             Explanation::Fault(f, detail) => add(f.cause(), detail.clone(), *r, *rel, *cos),

@@ -264,12 +264,7 @@ impl LayerPaths {
             let gate = m(Param::Router)?;
             MlpKind::Moe {
                 experts: m(Param::ExpertGate)?,
-                shared: SwiGluPaths::new(
-                    Param::SharedGate,
-                    Param::SharedUp,
-                    Param::SharedDown,
-                    l,
-                )?,
+                shared: SwiGluPaths::new(Param::SharedGate, Param::SharedUp, Param::SharedDown, l)?,
                 gate,
             }
         } else {

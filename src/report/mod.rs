@@ -200,9 +200,9 @@ pub fn dequant_text(rows: &[TensorStats]) -> String {
             r.name.clone(),
             r.dtype.to_string(),
             shape(&r.shape),
-            format!("{:.4e}", r.absmax),
-            format!("{:.4e}", r.mean),
-            format!("{:.4e}", r.std),
+            num(r.absmax),
+            num(r.mean),
+            num(r.std),
             r.nan.to_string(),
             r.inf.to_string(),
             format!("{:.2}", r.out_gbps),
@@ -222,4 +222,172 @@ pub fn dequant_text(rows: &[TensorStats]) -> String {
         bytes / secs.max(1e-12) / 1e9
     ));
     out
+}
+
+/// Human output of `shards` (the plan).
+pub fn shards_text(plan: &crate::plan::ShardPlan, rows: &[&crate::plan::ParamPlan]) -> String {
+    let mut t = table(&[
+        "vLLM parameter",
+        "GGUF source",
+        "type",
+        "full shape",
+        "style",
+        "dim",
+        "per-rank shard",
+        "notes",
+    ]);
+    for p in rows {
+        let mut notes = p
+            .problems
+            .iter()
+            .map(|s| format!("PROBLEM: {s}"))
+            .collect::<Vec<_>>();
+        notes.extend(p.notes.iter().cloned());
+        t.add_row(vec![
+            p.param.clone(),
+            p.gguf.join("\n"),
+            p.dtype.clone(),
+            shape(&p.full_shape),
+            serde_json::to_value(p.style)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            p.shard_dim.map_or("-".into(), |d| d.to_string()),
+            shape(&p.shard_shape),
+            notes.join("\n"),
+        ]);
+    }
+    let problems: usize = rows.iter().map(|p| p.problems.len()).sum();
+    let splits = rows.iter().filter(|p| p.splits_quant_blocks).count();
+    format!(
+        "{t}\n{} parameters at tp={}: {} problem(s); {} cut(s) split quant blocks\n",
+        rows.len(),
+        plan.tp,
+        problems,
+        splits
+    )
+}
+
+/// Human output of `shards --verify`.
+pub fn verify_text(r: &crate::shards::VerifyReport) -> String {
+    let mut t = table(&[
+        "vLLM parameter",
+        "type",
+        "shape",
+        "absmax",
+        "mean",
+        "std",
+        "NaN",
+        "Inf",
+        "shards",
+        "problems",
+    ]);
+    for p in &r.params {
+        t.add_row(vec![
+            p.param.clone(),
+            p.dtype.clone(),
+            shape(&p.full_shape),
+            num(p.absmax),
+            num(p.mean),
+            num(p.std),
+            p.nan.to_string(),
+            p.inf.to_string(),
+            if p.reassembles { "ok" } else { "BAD" }.into(),
+            p.problems.join("\n"),
+        ]);
+    }
+    let bad = r.params.iter().filter(|p| !p.problems.is_empty()).count();
+    format!(
+        "{t}\nverified {} parameters at tp={} ({} of GGUF data in {:.2} s, {:.2} GB/s): {}\n",
+        r.params.len(),
+        r.tp,
+        human_bytes(r.bytes),
+        r.seconds,
+        r.bytes as f64 / r.seconds.max(1e-9) / 1e9,
+        if bad == 0 {
+            "all sound".to_string()
+        } else {
+            format!("{bad} with problems")
+        }
+    )
+}
+
+/// Human output of `shards --against`.
+pub fn against_text(r: &crate::shards::AgainstReport) -> String {
+    let mut out = String::new();
+    let matched = r
+        .checked
+        .iter()
+        .filter(|c| c.class == crate::shards::Class::Match)
+        .count();
+    let quant = r
+        .checked
+        .iter()
+        .filter(|c| c.class == crate::shards::Class::Quantization)
+        .count();
+    if r.findings.is_empty() {
+        out.push_str("no corrupt parameter found\n");
+    } else {
+        let mut t = table(&[
+            "layer",
+            "vLLM parameter",
+            "ranks",
+            "cause",
+            "rel-L2",
+            "cosine",
+            "detail",
+        ]);
+        for f in &r.findings {
+            t.add_row(vec![
+                f.layer.map_or("-".into(), |l| l.to_string()),
+                f.param.clone(),
+                f.ranks
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                f.cause.clone(),
+                num(f.rel_l2),
+                format!("{:.4}", f.cosine),
+                f.detail.clone(),
+            ]);
+        }
+        out.push_str(&t.to_string());
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "checked {} parameter shards at tp={}: {} match, {} differ by quantization noise only, {} corrupt\n",
+        r.checked.len(),
+        r.tp,
+        matched,
+        quant,
+        r.checked.len() - matched - quant
+    ));
+    if !r.missing_ranks.is_empty() {
+        out.push_str(&format!("missing rank files: {:?}\n", r.missing_ranks));
+    }
+    if !r.missing.is_empty() {
+        out.push_str(&format!(
+            "{} parameter(s) absent from the dump (fail only with --strict): {}\n",
+            r.missing.len(),
+            r.missing.join(", ")
+        ));
+    }
+    if !r.unexpected.is_empty() {
+        out.push_str(&format!(
+            "unexpected tensors: {}\n",
+            r.unexpected.join(", ")
+        ));
+    }
+    out.push_str(&format!("verdict: {}\n", r.verdict));
+    out
+}
+
+/// A number for tables: plain in the usual range, scientific outside it.
+pub fn num(x: f64) -> String {
+    if x == 0.0 || (1e-3..1e5).contains(&x.abs()) {
+        format!("{x:.4}")
+    } else {
+        format!("{x:.3e}")
+    }
 }

@@ -5,8 +5,10 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use glmcheck::gguf::writer::{write_gguf, WriteTensor};
-use glmcheck::gguf::{GgufModel, Value};
+use glmcheck::arch::glm_dsa::{self, Idx, Scope};
+use glmcheck::arch::Config;
+use glmcheck::gguf::writer::{string_array, write_gguf, WriteTensor};
+use glmcheck::gguf::{GgmlType, GgufModel, Value};
 use sha2::{Digest, Sha256};
 
 /// The four GGUFs made from the tiny HF model (see fixtures/README.md).
@@ -100,4 +102,94 @@ pub fn rewrite(model: &GgufModel, out: &Path, split_at: &[usize]) -> Vec<PathBuf
         paths.push(path);
     }
     paths
+}
+
+/// Writes a sparse GGUF with GLM-5's real tensor list and metadata (no tensor data).
+pub fn write_real_dims(path: &std::path::Path, big: GgmlType) {
+    let c = Config::glm5();
+    let mut tensors = Vec::new();
+    let mut add = |name: String, shape: Vec<usize>| {
+        let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
+        let dtype = if shape.len() == 1 || ne[0] % big.block_size != 0 {
+            GgmlType::F32
+        } else {
+            big
+        };
+        tensors.push(WriteTensor {
+            name,
+            ne,
+            dtype,
+            data: None,
+        });
+    };
+    for layer in std::iter::once(None).chain((0..c.num_hidden_layers).map(Some)) {
+        for d in glm_dsa::HF_TABLE {
+            let applies = match layer {
+                None => d.scope == Scope::Global,
+                Some(l) => d.scope.has_layer(&c, l),
+            };
+            if applies {
+                for s in d.gguf {
+                    add(
+                        glm_dsa::name(
+                            s.name,
+                            Idx {
+                                layer,
+                                expert: None,
+                            },
+                        ),
+                        glm_dsa::resolve(s.shape, &c),
+                    );
+                }
+            }
+        }
+    }
+    // The MTP layer that GLM-5 files carry as blk.78 (ignored by the forward).
+    add("blk.78.nextn.eh_proj.weight".into(), vec![6144, 12288]);
+    let u = |v: usize| Value::U32(v as u32);
+    let k = |s: &str| format!("glm-dsa.{s}");
+    let meta: Vec<(String, Value)> = vec![
+        (
+            "general.architecture".into(),
+            Value::String("glm-dsa".into()),
+        ),
+        (k("block_count"), u(79)),
+        (k("nextn_predict_layers"), u(1)),
+        (k("context_length"), u(202752)),
+        (k("embedding_length"), u(6144)),
+        (k("feed_forward_length"), u(12288)),
+        (k("attention.head_count"), u(64)),
+        (k("attention.head_count_kv"), u(1)),
+        (k("attention.q_lora_rank"), u(2048)),
+        (k("attention.kv_lora_rank"), u(512)),
+        (k("attention.key_length"), u(576)),
+        (k("attention.value_length"), u(512)),
+        (k("attention.key_length_mla"), u(256)),
+        (k("attention.value_length_mla"), u(256)),
+        (k("rope.dimension_count"), u(64)),
+        (k("rope.freq_base"), Value::F32(1e6)),
+        (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
+        (k("leading_dense_block_count"), u(3)),
+        (k("expert_count"), u(256)),
+        (k("expert_used_count"), u(8)),
+        (k("expert_shared_count"), u(1)),
+        (k("expert_feed_forward_length"), u(2048)),
+        (k("expert_weights_scale"), Value::F32(2.5)),
+        (k("expert_weights_norm"), Value::Bool(true)),
+        (k("expert_group_count"), u(1)),
+        (k("expert_group_used_count"), u(1)),
+        (k("expert_gating_func"), u(2)),
+        (k("attention.indexer.head_count"), u(32)),
+        (k("attention.indexer.key_length"), u(128)),
+        (k("attention.indexer.top_k"), u(2048)),
+        (k("vocab_size"), u(154880)),
+        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::String("glm4".into())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            string_array(&(0..154880).map(|i| format!("t{i}")).collect::<Vec<_>>()),
+        ),
+    ];
+    let mut f = File::create(path).unwrap();
+    write_gguf(&mut f, &meta, &tensors, 32).unwrap();
 }

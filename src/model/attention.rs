@@ -1,0 +1,155 @@
+//! Multi-head latent attention (MLA) with DSA top-k masking. transformers 5.23
+//! `GlmMoeDsaAttention` (eager path).
+
+use candle_core::{DType, Result, Tensor};
+
+use super::capture::{emit, emit_with, Capture};
+use super::indexer::Indexer;
+use super::names::{conv, sub, AttnPaths};
+use super::ops::{additive, one_hot_rows, CausalMask, Linear, RmsNorm, Rope, RopeTables};
+use super::DsaMode;
+
+/// transformers builds `q_a_layernorm` and `kv_a_layernorm` as `GlmMoeDsaRMSNorm(n)` without
+/// passing `config.rms_norm_eps`, so they use the class default 1e-6 (the layer norms use
+/// rms_norm_eps, 1e-5 for GLM-5). llama.cpp's deepseek2/glm-dsa graph and vLLM's
+/// `DeepseekV2MLAAttention` use rms_norm_eps for these two norms as well; we follow transformers.
+pub const LATENT_NORM_EPS: f64 = 1e-6;
+
+#[derive(Debug, Clone)]
+pub struct Mla {
+    /// `[q_lora, hidden]`
+    pub q_a: Linear,
+    /// RMSNorm `[q_lora]`, eps 1e-6
+    pub q_a_norm: RmsNorm,
+    /// `[H·(nope+rope), q_lora]`, rows per head `[nope | rope]`
+    pub q_b: Linear,
+    /// `[kv_lora + rope, hidden]`, rows `[latent | shared rope key]`
+    pub kv_a: Linear,
+    /// RMSNorm `[kv_lora]`, eps 1e-6
+    pub kv_a_norm: RmsNorm,
+    /// `[H·(nope+v), kv_lora]`, rows per head `[k_nope | v]`
+    pub kv_b: Linear,
+    /// `[hidden, H·v]`
+    pub o: Linear,
+    pub indexer: Indexer,
+    pub n_heads: usize,
+    pub nope: usize,
+    pub rope_dim: usize,
+    pub v_dim: usize,
+    pub kv_lora: usize,
+    /// qk_head_dim^-½ (no yarn mscale: default RoPE)
+    pub scale: f64,
+    pub(crate) paths: AttnPaths,
+}
+
+/// What one attention call hands back.
+#[derive(Debug, Clone)]
+pub struct AttnOut {
+    /// `[T, hidden]`
+    pub hidden: Tensor,
+    /// The top-k key ids used `[T, k]` U32 (`None` in [`DsaMode::Dense`]).
+    pub topk: Option<Tensor>,
+}
+
+impl Mla {
+    /// `x` `[T, hidden]` (already input_layernorm'ed) → `[T, hidden]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        tables: &RopeTables,
+        causal: &CausalMask,
+        mode: DsaMode,
+        capture: &mut dyn Capture,
+    ) -> Result<AttnOut> {
+        let p = &self.paths;
+        let (t, _) = x.dims2()?;
+        let h = self.n_heads;
+        let qk = self.nope + self.rope_dim;
+
+        // Query: q_a → RMSNorm → q_b, per head [nope | rope].
+        let q_a = self.q_a.forward(x)?; // [T, q_lora]
+        emit(capture, &p.q_a, &q_a)?;
+        let q_resid = self.q_a_norm.forward(&q_a)?;
+        emit(capture, &p.q_a_norm, &q_resid)?;
+        let q = self.q_b.forward(&q_resid)?; // [T, H·qk]
+        emit(capture, &p.q_b, &q)?;
+        let q = q.reshape((t, h, qk))?.transpose(0, 1)?; // [H, T, qk]
+        let q_pass = q.narrow(2, 0, self.nope)?;
+        let q_rot = q.narrow(2, self.nope, self.rope_dim)?.contiguous()?;
+
+        // Keys/values: kv_a → [latent | rope key]; latent → RMSNorm → kv_b, per head [k_nope | v].
+        let ckv = self.kv_a.forward(x)?; // [T, kv_lora + rope]
+        emit(capture, &p.kv_a, &ckv)?;
+        let kv_pass = ckv.narrow(1, 0, self.kv_lora)?;
+        let k_rot = ckv
+            .narrow(1, self.kv_lora, self.rope_dim)?
+            .contiguous()?
+            .unsqueeze(0)?; // [1, T, rope]: one key shared by all heads
+        let k_pass = self.kv_a_norm.forward(&kv_pass)?; // [T, kv_lora]
+        emit(capture, &p.kv_a_norm, &k_pass)?;
+
+        let q_rot = rope.apply(&q_rot, &tables.cos, &tables.sin)?; // [H, T, rope]
+        let k_rot = rope.apply(&k_rot, &tables.cos, &tables.sin)?; // [1, T, rope]
+        let query = Tensor::cat(&[&q_pass, &q_rot], 2)?; // [H, T, qk]
+
+        let kv = self.kv_b.forward(&k_pass)?; // [T, H·(nope+v)]
+                                              // transformers applies kv_b_proj to a [B, 1, S, kv_lora] view: its output keeps a 1.
+        emit_with(capture, &p.kv_b, || kv.unsqueeze(0))?;
+        let kv = kv
+            .reshape((t, h, self.nope + self.v_dim))?
+            .transpose(0, 1)?; // [H, T, nope+v]
+        let k_nope = kv.narrow(2, 0, self.nope)?;
+        let value = kv.narrow(2, self.nope, self.v_dim)?.contiguous()?; // [H, T, v]
+        let key = Tensor::cat(&[&k_nope, &k_rot.broadcast_as((h, t, self.rope_dim))?], 2)?;
+
+        // DSA: the keys each query may see.
+        let (topk, allowed) = match mode {
+            DsaMode::Sparse => {
+                let ours = self
+                    .indexer
+                    .forward(x, &q_resid, rope, tables, causal, capture)?;
+                let used = match capture.replace(&self.indexer.paths.module, &ours)? {
+                    Some(r) => {
+                        if r.dims() != ours.dims() {
+                            candle_core::bail!(
+                                "{}: replacement top-k has shape {:?}, expected {:?}",
+                                self.indexer.paths.module,
+                                r.dims(),
+                                ours.dims()
+                            );
+                        }
+                        r.to_dtype(DType::U32)?.to_device(ours.device())?
+                    }
+                    None => ours,
+                };
+                // transformers: mask = causal, then finfo.min wherever the key is not in the top-k.
+                let allowed = (one_hot_rows(&used, t)? * &causal.allowed)?;
+                (Some(used), additive(&allowed, causal.min)?)
+            }
+            DsaMode::Dense => (None, causal.additive.clone()),
+        };
+
+        emit(capture, &sub(&p.module, conv::QUERY_STATES), &query)?;
+        emit(capture, &sub(&p.module, conv::KEY_STATES), &key)?;
+        emit(capture, &sub(&p.module, conv::VALUE_STATES), &value)?;
+        emit(capture, &sub(&p.module, conv::K_ROT), &k_rot)?;
+
+        // Eager attention: scores in the compute dtype, mask added and softmax in f32.
+        let dtype = x.dtype();
+        let scores = (query.matmul(&key.t()?)? * self.scale)?; // [H, T, T]
+        let scores = scores.to_dtype(DType::F32)?.broadcast_add(&allowed)?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(dtype)?;
+        let out = probs.matmul(&value)?; // [H, T, v]
+        let out = out.transpose(0, 1)?.reshape((t, h * self.v_dim))?; // [T, H·v]
+        let out = self.o.forward(&out)?; // [T, hidden]
+        emit(capture, &p.o, &out)?;
+        emit(capture, &p.module, &out)?;
+        emit(capture, &sub(&p.module, "1"), &probs)?;
+        if let Some(ids) = &topk {
+            emit_with(capture, &sub(&p.module, "2"), || ids.to_dtype(DType::I64))?;
+        }
+        Ok(AttnOut { hidden: out, topk })
+    }
+}

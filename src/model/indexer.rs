@@ -1,0 +1,98 @@
+//! The DSA (DeepSeek Sparse Attention) lightning indexer: picks, per query, the `index_topk` keys the
+//! attention may look at. transformers 5.23 `GlmMoeDsaIndexer`.
+
+use candle_core::{DType, Result, Tensor};
+
+use super::capture::{emit, emit_with, Capture};
+use super::names::{conv, sub, IndexerPaths};
+use super::ops::{topk_indices, CausalMask, LayerNorm, Linear, Rope, RopeTables};
+
+/// transformers builds `k_norm` as `nn.LayerNorm(head_dim, eps=1e-6)`; the GGUF carries no eps for
+/// it (llama.cpp's glm-dsa graph uses its own constant there too).
+pub const K_NORM_EPS: f64 = 1e-6;
+
+#[derive(Debug, Clone)]
+pub struct Indexer {
+    /// `[n_heads·head_dim, q_lora]`
+    pub wq_b: Linear,
+    /// `[head_dim, hidden]`
+    pub wk: Linear,
+    /// LayerNorm `[head_dim]` with bias, eps 1e-6
+    pub k_norm: LayerNorm,
+    /// `[n_heads, hidden]`, kept in f32 (transformers' `_keep_in_fp32_modules`)
+    pub weights_proj: Linear,
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub rope_dim: usize,
+    pub topk: usize,
+    pub(crate) paths: IndexerPaths,
+}
+
+impl Indexer {
+    /// `x` `[T, hidden]`, `q_resid` `[T, q_lora]` (= q_a_layernorm(q_a_proj(x))) → top-k key ids
+    /// `[T, min(index_topk, T)]` U32, best first.
+    ///
+    /// Semantics (transformers): q = wq_b(q_resid) per head `[rope | pass]` (the rope part comes
+    /// FIRST here, unlike MLA's `[nope | rope]`); k = LayerNorm(wk(x)), single head, same split;
+    /// interleaved RoPE on both rope parts; scores_h = relu(q_h·k · head_dim^-½) in f32;
+    /// w = weights_proj(x) · n_heads^-½ in f32; index = Σ_h w_h·scores_h + causal mask
+    /// (`finfo.min` on future keys); top-k over ALL T keys. For query i < k−1 the top-k therefore
+    /// holds masked future keys too; the attention mask is intersected with the causal mask, so
+    /// they are never attended.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        q_resid: &Tensor,
+        rope: &Rope,
+        tables: &RopeTables,
+        causal: &CausalMask,
+        capture: &mut dyn Capture,
+    ) -> Result<Tensor> {
+        let p = &self.paths;
+        let (t, _) = x.dims2()?;
+        let pass = self.head_dim - self.rope_dim;
+
+        let q = self.wq_b.forward(q_resid)?; // [T, nI·dI]
+        emit(capture, &p.wq_b, &q)?;
+        let q = q.reshape((t, self.n_heads, self.head_dim))?; // [T, nI, dI]
+        let q_rot = q.narrow(2, 0, self.rope_dim)?;
+        let q_pass = q.narrow(2, self.rope_dim, pass)?;
+
+        let k = self.wk.forward(x)?; // [T, dI]
+        emit(capture, &p.wk, &k)?;
+        let k = self.k_norm.forward(&k)?;
+        emit(capture, &p.k_norm, &k)?;
+        let k_rot = k.narrow(1, 0, self.rope_dim)?;
+        let k_pass = k.narrow(1, self.rope_dim, pass)?;
+
+        // cos/sin [T, d/2]: the head dim of q is unsqueezed in (transformers' unsqueeze_dim=2).
+        let q_rot = rope.apply(&q_rot, &tables.cos.unsqueeze(1)?, &tables.sin.unsqueeze(1)?)?;
+        let k_rot = rope.apply(&k_rot, &tables.cos, &tables.sin)?;
+        let q = Tensor::cat(&[&q_rot, &q_pass], 2)?; // [T, nI, dI]
+        let k = Tensor::cat(&[&k_rot, &k_pass], 1)?; // [T, dI]
+        emit(capture, &sub(&p.module, conv::IDX_Q), &q)?;
+        emit(capture, &sub(&p.module, conv::IDX_K), &k)?;
+
+        // [T, nI, dI] · [dI, T] → [T, nI, T], f32.
+        let scale = (self.head_dim as f64).powf(-0.5);
+        let scores = q
+            .to_dtype(DType::F32)?
+            .broadcast_matmul(&k.to_dtype(DType::F32)?.t()?)?;
+        let scores = (scores * scale)?.relu()?;
+
+        let w = self.weights_proj.forward(&x.to_dtype(DType::F32)?)?; // [T, nI] f32
+        emit(capture, &p.weights_proj, &w)?;
+        let w = (w * (self.n_heads as f64).powf(-0.5))?;
+        emit(capture, &sub(&p.module, conv::IDX_HEAD_WEIGHTS), &w)?;
+
+        // [T, 1, nI] · [T, nI, T] → [T, T]
+        let index = w.unsqueeze(1)?.matmul(&scores)?.squeeze(1)?;
+        let index = index.broadcast_add(&causal.additive)?;
+        emit(capture, &sub(&p.module, conv::IDX_SCORES), &index)?;
+
+        let k = self.topk.min(t);
+        let ids = topk_indices(&index, k)?; // [T, k] U32
+        emit_with(capture, &p.module, || ids.to_dtype(DType::I64))?;
+        Ok(ids)
+    }
+}

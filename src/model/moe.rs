@@ -1,0 +1,185 @@
+//! The MoE block: sigmoid router with group-limited top-k (`noaux_tc`), routed SwiGLU experts and a
+//! shared expert. transformers 5.23 `GlmMoeDsaTopkRouter`, `GlmMoeDsaExperts` (eager),
+//! `GlmMoeDsaMoE`.
+
+use candle_core::{DType, Result, Tensor, D};
+
+use super::capture::{emit, emit_with, Capture};
+use super::mlp::Mlp;
+use super::names::{conv, nth_call, sub};
+use super::ops::{one_hot_rows, topk_indices, Linear};
+
+#[derive(Debug, Clone)]
+pub struct Router {
+    /// `[E, hidden]` f32 (transformers runs the router in f32 whatever the model dtype)
+    pub weight: Linear,
+    /// `e_score_correction_bias` `[E]` f32
+    pub bias: Tensor,
+    pub top_k: usize,
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub norm_topk_prob: bool,
+    pub routed_scaling_factor: f64,
+    pub(crate) path: String,
+}
+
+/// The router's three outputs.
+#[derive(Debug, Clone)]
+pub struct Routing {
+    /// `[T, E]` f32, pre-sigmoid
+    pub logits: Tensor,
+    /// `[T, top_k]` f32: unbiased sigmoid scores of the chosen experts, normalised, × scaling
+    pub weights: Tensor,
+    /// `[T, top_k]` U32 expert ids, best (biased score) first
+    pub indices: Tensor,
+}
+
+impl Router {
+    /// `[T, hidden]` → routing.
+    ///
+    /// scores = sigmoid(x·Wᵀ) (f32); choice = scores + e_score_correction_bias (for the choice
+    /// only); group score = sum of the top-2 choice scores in each of n_group groups; keep the
+    /// topk_group best groups, mask the rest to −inf; top_k experts by choice score; weights =
+    /// the unbiased scores of those experts, / (Σ + 1e-20) if norm_topk_prob, × routed_scaling_factor.
+    pub fn forward(&self, x: &Tensor) -> Result<Routing> {
+        let (t, _) = x.dims2()?;
+        let logits = self.weight.forward(&x.to_dtype(DType::F32)?)?; // [T, E]
+        let e = logits.dim(1)?;
+        let per_group = e / self.n_group;
+        let scores = candle_nn::ops::sigmoid(&logits)?;
+        let choice = scores.broadcast_add(&self.bias)?;
+
+        // [T, G, E/G] → top-2 per group, summed → [T, G]
+        let (sorted, _) = choice
+            .reshape((t, self.n_group, per_group))?
+            .contiguous()?
+            .sort_last_dim(false)?;
+        let group_scores = sorted.narrow(D::Minus1, 0, 2)?.sum(D::Minus1)?;
+        let groups = topk_indices(&group_scores, self.topk_group)?; // [T, topk_group]
+        let group_mask = one_hot_rows(&groups, self.n_group)?; // [T, G] U8
+        let expert_mask = group_mask
+            .unsqueeze(2)?
+            .broadcast_as((t, self.n_group, per_group))?
+            .reshape((t, e))?;
+        let neg_inf = Tensor::full(f32::NEG_INFINITY, (t, e), x.device())?;
+        let choice = expert_mask.where_cond(&choice, &neg_inf)?;
+        let indices = topk_indices(&choice, self.top_k)?; // [T, k] U32
+        let mut weights = scores.gather(&indices, 1)?; // [T, k]
+        if self.norm_topk_prob {
+            let denom = (weights.sum_keepdim(1)? + 1e-20)?;
+            weights = weights.broadcast_div(&denom)?;
+        }
+        let weights = (weights * self.routed_scaling_factor)?;
+        Ok(Routing {
+            logits,
+            weights,
+            indices,
+        })
+    }
+}
+
+/// The routed experts, stacked.
+#[derive(Debug, Clone)]
+pub struct Experts {
+    /// `[E, moe_inter, hidden]`
+    pub gate: Tensor,
+    /// `[E, moe_inter, hidden]`
+    pub up: Tensor,
+    /// `[E, hidden, moe_inter]`
+    pub down: Tensor,
+    pub(crate) path: String,
+}
+
+impl Experts {
+    /// `x` `[T, hidden]` → `Σ_k w_k · expert_{id_k}(x)` `[T, hidden]`.
+    ///
+    /// Like transformers' eager loop: experts in ascending id order, each on the tokens that chose
+    /// it, results accumulated in that order. The routing is read back to the host to build the
+    /// per-expert token lists (a device sync, no host math). `act_fn` of the n-th expert that got
+    /// tokens is captured as `experts.act_fn#n` with its rows in ascending token order.
+    /// transformers' rows follow `torch.where` over `[slot, token]`, i.e. slot-major with slots in
+    /// `topk(sorted=False)` order, which depends on torch's top-k internals; compare per token.
+    pub fn forward(&self, x: &Tensor, r: &Routing, capture: &mut dyn Capture) -> Result<Tensor> {
+        let (t, hidden) = x.dims2()?;
+        let n_experts = self.gate.dim(0)?;
+        let ids = r.indices.to_vec2::<u32>()?;
+        let k = ids.first().map_or(0, Vec::len);
+        // per expert: (token, flat index token·k + slot into the weights)
+        let mut per_expert: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n_experts];
+        for (tok, row) in ids.iter().enumerate() {
+            for (slot, &e) in row.iter().enumerate() {
+                let list = per_expert.get_mut(e as usize).ok_or_else(|| {
+                    candle_core::Error::Msg(format!("router chose expert {e} of {n_experts}"))
+                })?;
+                list.push((tok as u32, (tok * k + slot) as u32));
+            }
+        }
+        let flat_w = r.weights.flatten_all()?;
+        let act_path = sub(&self.path, conv::ACT);
+        let mut tokens_all = Vec::new();
+        let mut contribs = Vec::new();
+        let mut hit = 0;
+        for (e, list) in per_expert.iter().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            let toks: Vec<u32> = list.iter().map(|&(tok, _)| tok).collect();
+            let flat: Vec<u32> = list.iter().map(|&(_, f)| f).collect();
+            let n = toks.len();
+            let toks = Tensor::from_vec(toks, n, x.device())?;
+            let flat = Tensor::from_vec(flat, n, x.device())?;
+            let xs = x.index_select(&toks, 0)?; // [n, hidden]
+            let gate = xs.matmul(&self.gate.get(e)?.t()?)?; // [n, inter]
+            let act = gate.silu()?;
+            emit(capture, &nth_call(&act_path, hit), &act)?;
+            hit += 1;
+            let up = xs.matmul(&self.up.get(e)?.t()?)?;
+            let y = (act * up)?.matmul(&self.down.get(e)?.t()?)?; // [n, hidden]
+                                                                  // transformers: expert output (dtype) × f32 weight, back to the hidden dtype.
+            let w = flat_w.index_select(&flat, 0)?.unsqueeze(1)?; // [n, 1] f32
+            let y = y
+                .to_dtype(DType::F32)?
+                .broadcast_mul(&w)?
+                .to_dtype(x.dtype())?;
+            tokens_all.push(toks);
+            contribs.push(y);
+        }
+        let out = Tensor::zeros((t, hidden), x.dtype(), x.device())?;
+        if contribs.is_empty() {
+            return Ok(out);
+        }
+        // One index_add over all contributions in expert order = the sequential per-expert sums.
+        let toks = Tensor::cat(&tokens_all, 0)?;
+        let ys = Tensor::cat(&contribs, 0)?;
+        out.index_add(&toks, &ys, 0)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Moe {
+    pub router: Router,
+    pub experts: Experts,
+    pub shared: Mlp,
+    pub(crate) path: String,
+}
+
+impl Moe {
+    /// `[T, hidden]` → routed experts + shared experts `[T, hidden]`.
+    pub fn forward(&self, x: &Tensor, capture: &mut dyn Capture) -> Result<Tensor> {
+        let r = self.router.forward(x)?;
+        let gate = &self.router.path;
+        emit(capture, gate, &r.logits)?;
+        emit(capture, &sub(gate, "1"), &r.weights)?;
+        emit_with(capture, &sub(gate, "2"), || r.indices.to_dtype(DType::I64))?;
+        emit(capture, &sub(gate, conv::TOPK_WEIGHTS), &r.weights)?;
+        emit_with(capture, &sub(gate, conv::TOPK_INDICES), || {
+            r.indices.to_dtype(DType::I64)
+        })?;
+        let routed = self.experts.forward(x, &r, capture)?;
+        emit(capture, &self.experts.path, &routed)?;
+        let shared = self.shared.forward(x, capture)?;
+        let y = (routed + shared)?;
+        emit(capture, &self.path, &y)?;
+        Ok(y)
+    }
+}

@@ -1,0 +1,215 @@
+//! Building blocks shared by the modules: linear layers, norms, RoPE, masks. Only candle tensor ops,
+//! so every block runs on any candle device.
+
+use candle_core::{DType, Device, Result, Tensor, D};
+
+/// `y = x · Wᵀ` with `W` in PyTorch order `[out, in]`; no bias (GLM-5 has none).
+#[derive(Debug, Clone)]
+pub struct Linear {
+    /// `[out, in]`
+    pub weight: Tensor,
+}
+
+impl Linear {
+    pub fn new(weight: Tensor) -> Self {
+        Linear { weight }
+    }
+
+    /// `[T, in]` → `[T, out]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.matmul(&self.weight.t()?)
+    }
+}
+
+/// transformers' `GlmMoeDsaRMSNorm`: computed in f32, cast back to the input dtype, then times the
+/// weight: `w · (x / sqrt(mean(x²) + eps))`.
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    /// `[n]`
+    pub weight: Tensor,
+    pub eps: f64,
+}
+
+impl RmsNorm {
+    pub fn new(weight: Tensor, eps: f64) -> Self {
+        RmsNorm { weight, eps }
+    }
+
+    /// `[…, n]` → `[…, n]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dtype = x.dtype();
+        let xf = x.to_dtype(DType::F32)?;
+        let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
+        let inv = (var + self.eps)?.sqrt()?.recip()?;
+        xf.broadcast_mul(&inv)?
+            .to_dtype(dtype)?
+            .broadcast_mul(&self.weight)
+    }
+}
+
+/// `torch.nn.LayerNorm` with weight and bias (biased variance), in the input dtype.
+#[derive(Debug, Clone)]
+pub struct LayerNorm {
+    /// `[n]`
+    pub weight: Tensor,
+    /// `[n]`
+    pub bias: Tensor,
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(weight: Tensor, bias: Tensor, eps: f64) -> Self {
+        LayerNorm { weight, bias, eps }
+    }
+
+    /// `[…, n]` → `[…, n]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mean = x.mean_keepdim(D::Minus1)?;
+        let centered = x.broadcast_sub(&mean)?;
+        let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
+        let inv = (var + self.eps)?.sqrt()?.recip()?;
+        centered
+            .broadcast_mul(&inv)?
+            .broadcast_mul(&self.weight)?
+            .broadcast_add(&self.bias)
+    }
+}
+
+/// Which RoPE pair layout the rotary part uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeLayout {
+    /// Pairs `(x0, x1), (x2, x3), …` (DeepSeek / GLM-5, transformers'
+    /// `apply_rotary_pos_emb_interleave`). The rotated output comes back de-interleaved:
+    /// `[x_even·cos − x_odd·sin | x_odd·cos + x_even·sin]`, as transformers returns it.
+    Interleaved,
+    /// Pairs `(x_i, x_{i+d/2})` (Llama's `rotate_half`). Not GLM-5's layout; kept for experiments.
+    HalfSplit,
+}
+
+/// Default RoPE (no scaling): `inv_freq[i] = 1 / θ^(2i/d)`, in f32 like transformers.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    /// `[d/2]` f32
+    inv_freq: Tensor,
+    pub dim: usize,
+    pub layout: RopeLayout,
+}
+
+/// cos/sin of one forward, `[T, d/2]` f32 each (the per-pair angles).
+#[derive(Debug, Clone)]
+pub struct RopeTables {
+    pub cos: Tensor,
+    pub sin: Tensor,
+}
+
+impl Rope {
+    pub fn new(dim: usize, theta: f64, layout: RopeLayout, device: &Device) -> Result<Self> {
+        // transformers: 1.0 / (base ** (arange(0, dim, 2, dtype=float32) / dim)), all f32. This is
+        // a config-derived constant table, built on the host once.
+        let half = dim / 2;
+        let inv: Vec<f32> = (0..half)
+            .map(|i| 1.0f32 / (theta as f32).powf((2 * i) as f32 / dim as f32))
+            .collect();
+        Ok(Rope {
+            inv_freq: Tensor::from_vec(inv, half, device)?,
+            dim,
+            layout,
+        })
+    }
+
+    /// Angles for positions `0..t`.
+    pub fn tables(&self, t: usize) -> Result<RopeTables> {
+        let pos = Tensor::arange(0u32, t as u32, self.inv_freq.device())?
+            .to_dtype(DType::F32)?
+            .unsqueeze(1)?; // [T, 1]
+        let freqs = pos.broadcast_mul(&self.inv_freq.unsqueeze(0)?)?; // [T, d/2]
+        Ok(RopeTables {
+            cos: freqs.cos()?,
+            sin: freqs.sin()?,
+        })
+    }
+
+    /// Rotates `x` `[…, d]`; `cos`/`sin` are `[…, d/2]`, broadcastable to `x` without its last dim
+    /// halved (callers unsqueeze the head dim where needed). Tables are cast to `x`'s dtype first,
+    /// as transformers does.
+    pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        let cos = cos.to_dtype(x.dtype())?;
+        let sin = sin.to_dtype(x.dtype())?;
+        let last = x.rank() - 1;
+        let half = self.dim / 2;
+        let (x1, x2) = match self.layout {
+            RopeLayout::Interleaved => {
+                let mut shape = x.dims().to_vec();
+                shape[last] = half;
+                shape.push(2);
+                let pairs = x.reshape(shape)?; // [..., d/2, 2]
+                (
+                    pairs.narrow(last + 1, 0, 1)?.squeeze(last + 1)?,
+                    pairs.narrow(last + 1, 1, 1)?.squeeze(last + 1)?,
+                )
+            }
+            RopeLayout::HalfSplit => (x.narrow(last, 0, half)?, x.narrow(last, half, half)?),
+        };
+        let r1 = (x1.broadcast_mul(&cos)? - x2.broadcast_mul(&sin)?)?;
+        let r2 = (x2.broadcast_mul(&cos)? + x1.broadcast_mul(&sin)?)?;
+        Tensor::cat(&[&r1, &r2], last)
+    }
+}
+
+/// The smallest finite value of a float dtype (transformers' `torch.finfo(dtype).min`, used as the
+/// additive mask value).
+pub fn dtype_min(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => f64::from(half::bf16::MIN),
+        DType::F16 => f64::from(half::f16::MIN),
+        DType::F64 => f64::MIN,
+        _ => f64::from(f32::MIN),
+    }
+}
+
+/// Causal masks of one forward.
+#[derive(Debug, Clone)]
+pub struct CausalMask {
+    /// `[T, T]` U8, 1 where key j ≤ query i.
+    pub allowed: Tensor,
+    /// `[T, T]` F32, 0 where allowed, `finfo(dtype).min` elsewhere (transformers' eager mask).
+    pub additive: Tensor,
+    /// The mask value used.
+    pub min: f64,
+}
+
+impl CausalMask {
+    pub fn new(t: usize, dtype: DType, device: &Device) -> Result<Self> {
+        let allowed = Tensor::tril2(t, DType::U8, device)?;
+        let min = dtype_min(dtype);
+        Ok(CausalMask {
+            additive: additive(&allowed, min)?,
+            allowed,
+            min,
+        })
+    }
+}
+
+/// 0 where `allowed` (U8) is 1, `min` elsewhere, F32.
+pub fn additive(allowed: &Tensor, min: f64) -> Result<Tensor> {
+    let zeros = Tensor::zeros(allowed.shape(), DType::F32, allowed.device())?;
+    let mins = Tensor::full(min as f32, allowed.shape(), allowed.device())?;
+    allowed.where_cond(&zeros, &mins)
+}
+
+/// Indices of the `k` largest entries of each row of `x` `[R, N]` (descending; ties in no promised
+/// order), as U32 `[R, k]`.
+pub fn topk_indices(x: &Tensor, k: usize) -> Result<Tensor> {
+    x.contiguous()?
+        .arg_sort_last_dim(false)?
+        .narrow(D::Minus1, 0, k)?
+        .contiguous()
+}
+
+/// `[R, N]` U8 with ones at `ids` `[R, k]` (U32) in each row.
+pub fn one_hot_rows(ids: &Tensor, n: usize) -> Result<Tensor> {
+    let (r, k) = ids.dims2()?;
+    let zeros = Tensor::zeros((r, n), DType::U8, ids.device())?;
+    let ones = Tensor::ones((r, k), DType::U8, ids.device())?;
+    zeros.scatter(ids, &ones, 1)
+}

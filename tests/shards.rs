@@ -1,0 +1,526 @@
+//! `shards`: the plan, `--verify`, `inject` and `--against` on the fixtures, tp ∈ {1, 2, 4, 8}.
+
+mod common;
+use common::*;
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use glmcheck::arch::config::ConfigReader;
+use glmcheck::gguf::{GgmlType, GgufModel};
+use glmcheck::plan::{check_reassembly, ShardPlan};
+use glmcheck::weights::Weights;
+
+const TPS: [usize; 4] = [1, 2, 4, 8];
+
+fn json_of(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}{}", stdout(out), stderr(out)))
+}
+
+#[test]
+fn every_shard_set_concatenates_back_to_the_hf_tensor() {
+    let model = GgufModel::open(&gguf("tiny-F32")).unwrap();
+    let cfg = ConfigReader::read(&model, "glm-dsa").unwrap().config;
+    let w = Weights::new(&model, &cfg, candle_core::Device::Cpu);
+    for tp in TPS {
+        let plan = ShardPlan::new(&model, &cfg, tp);
+        assert_eq!(
+            plan.params.len(),
+            3 + 14 + 2 * 18,
+            "tp={tp}: parameter count"
+        );
+        for p in &plan.params {
+            assert!(
+                p.problems.is_empty(),
+                "tp={tp} {}: {:?}",
+                p.param,
+                p.problems
+            );
+            let full = w.vllm(&p.param).unwrap();
+            check_reassembly(p, &full, tp).unwrap_or_else(|e| panic!("tp={tp} {}: {e}", p.param));
+            if !p.cuts.is_empty() {
+                let s = p.shard(&full, tp - 1).unwrap();
+                assert_eq!(s.dims(), p.shard_shape.as_slice(), "tp={tp} {}", p.param);
+            }
+        }
+    }
+    let out = glmcheck(&[
+        "shards",
+        gguf("tiny-Q4_K_M").to_str().unwrap(),
+        "--tp",
+        "4",
+        "--verify",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let r = json_of(&out);
+    assert_eq!(r["ok"], true);
+    assert!(r["params"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| p["reassembles"] == true && p["nan"] == 0));
+}
+
+#[test]
+fn the_plan_flags_cuts_that_split_quant_blocks() {
+    let out = glmcheck(&[
+        "shards",
+        gguf("tiny-Q4_K_M").to_str().unwrap(),
+        "--json",
+        "--layer",
+        "1",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let r = json_of(&out);
+    assert_eq!(r["tp"], 8);
+    let p = r["params"].as_array().unwrap();
+    let o = p
+        .iter()
+        .find(|p| p["param"] == "model.layers.1.self_attn.o_proj.weight")
+        .unwrap();
+    assert_eq!(o["style"], "row");
+    assert_eq!(o["shard_dim"], 1);
+    assert_eq!(o["shard_shape"], serde_json::json!([256, 64]));
+    assert_eq!(
+        o["splits_quant_blocks"], true,
+        "64-wide slices of a K-quant's 256-value blocks"
+    );
+    let kvb = p
+        .iter()
+        .find(|p| p["param"] == "model.layers.1.self_attn.kv_b_proj.weight")
+        .unwrap();
+    assert_eq!(
+        kvb["gguf"],
+        serde_json::json!(["blk.1.attn_k_b.weight", "blk.1.attn_v_b.weight"])
+    );
+    assert_eq!(
+        kvb["splits_quant_blocks"], false,
+        "a column cut takes whole rows"
+    );
+    for key in [
+        "param",
+        "gguf",
+        "dtype",
+        "full_shape",
+        "style",
+        "shard_dim",
+        "shard_shape",
+        "notes",
+    ] {
+        assert!(o.get(key).is_some(), "missing {key}");
+    }
+}
+
+#[test]
+fn real_glm5_dimensions_give_the_published_shards_fast() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("glm5.gguf");
+    write_real_dims(&path, GgmlType::Q4_K);
+    let start = Instant::now();
+    let out = glmcheck(&[
+        "shards",
+        path.to_str().unwrap(),
+        "--tp",
+        "8",
+        "--layer",
+        "5",
+        "--json",
+    ]);
+    let secs = start.elapsed().as_secs_f64();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(secs < 1.0, "took {secs:.2} s");
+    let r = json_of(&out);
+    let shape = |name: &str| {
+        r["params"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["param"] == name)
+            .unwrap()["shard_shape"]
+            .clone()
+    };
+    assert_eq!(
+        shape("model.layers.5.self_attn.kv_b_proj.weight"),
+        serde_json::json!([3584, 512])
+    );
+    assert_eq!(
+        shape("model.layers.5.self_attn.o_proj.weight"),
+        serde_json::json!([6144, 2048])
+    );
+    assert_eq!(
+        shape("model.layers.5.mlp.experts.w13_weight"),
+        serde_json::json!([256, 512, 6144])
+    );
+    assert_eq!(
+        shape("model.layers.5.mlp.experts.w2_weight"),
+        serde_json::json!([256, 6144, 256])
+    );
+    // Real GLM-5 cuts land on 256-value blocks: o_proj 2048, w2 256 per rank.
+    assert!(r["params"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| p["splits_quant_blocks"] == false));
+    // tp=16 would put 4 heads per rank and cut w2 into 128-wide slices of Q4_K blocks.
+    let out = glmcheck(&[
+        "shards",
+        path.to_str().unwrap(),
+        "--tp",
+        "16",
+        "--layer",
+        "5",
+        "--json",
+    ]);
+    let r = json_of(&out);
+    let w2 = r["params"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["param"] == "model.layers.5.mlp.experts.w2_weight")
+        .unwrap()
+        .clone();
+    assert_eq!(w2["splits_quant_blocks"], true);
+    // tp=48 cannot split 64 heads.
+    let out = glmcheck(&[
+        "shards",
+        path.to_str().unwrap(),
+        "--tp",
+        "48",
+        "--layer",
+        "5",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains("64 attention heads cannot be split over tp=48"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+fn inject(src: &str, fault: &str, tp: usize, extra: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let tps = tp.to_string();
+    let mut args = vec![
+        "inject",
+        gguf(src).to_str().unwrap().to_string().leak() as &str,
+        "--fault",
+        fault,
+        "--tp",
+        &tps,
+        "--out",
+        dir.path().to_str().unwrap(),
+        "-q",
+    ];
+    args.extend_from_slice(extra);
+    let out = glmcheck(&args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "inject {fault} tp={tp}: {}",
+        stderr(&out)
+    );
+    dir
+}
+
+fn against(
+    gguf_stem: &str,
+    dir: &tempfile::TempDir,
+    tp: usize,
+) -> (Option<i32>, serde_json::Value) {
+    let out = glmcheck(&[
+        "shards",
+        gguf(gguf_stem).to_str().unwrap(),
+        "--tp",
+        &tp.to_string(),
+        "--against",
+        dir.path().to_str().unwrap(),
+        "--json",
+        "-q",
+    ]);
+    (out.status.code(), json_of(&out))
+}
+
+#[test]
+fn the_correct_dump_passes_at_every_tp() {
+    for tp in TPS {
+        let dir = inject("tiny-F32", "none", tp, &[]);
+        let (code, r) = against("tiny-F32", &dir, tp);
+        assert_eq!(code, Some(0), "tp={tp}: {}", r["findings"]);
+        assert_eq!(r["verdict"], "pass");
+        assert_eq!(r["missing"].as_array().unwrap().len(), 0);
+        assert_eq!(r["unexpected"].as_array().unwrap().len(), 0);
+        assert!(
+            r["checked"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c["class"] == "match"),
+            "tp={tp}"
+        );
+    }
+    // bf16-rounded values are not corruption either.
+    let dir = inject("tiny-F32", "none", 2, &["--dtype", "bf16"]);
+    let (code, r) = against("tiny-F32", &dir, 2);
+    assert_eq!(code, Some(0), "{}", r["findings"]);
+}
+
+#[test]
+fn quantized_ggufs_against_the_f32_originals_pass() {
+    let dir = inject("tiny-F32", "none", 8, &[]);
+    for stem in ["tiny-Q8_0", "tiny-Q4_K_M", "tiny-BF16"] {
+        let (code, r) = against(stem, &dir, 8);
+        assert_eq!(code, Some(0), "{stem}: {}", r["findings"]);
+        let quant = r["checked"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["class"] == "quantization")
+            .count();
+        assert!(
+            quant > 0,
+            "{stem}: the quantized weights differ from the f32 originals by noise"
+        );
+    }
+}
+
+/// (fault, extra inject args, expected param set, expected ranks (None: all), cause)
+fn cases(
+    tp: usize,
+) -> Vec<(
+    String,
+    Vec<&'static str>,
+    Vec<&'static str>,
+    Option<Vec<usize>>,
+    &'static str,
+)> {
+    let mut v: Vec<(
+        String,
+        Vec<&'static str>,
+        Vec<&'static str>,
+        Option<Vec<usize>>,
+        &'static str,
+    )> = vec![
+        (
+            "kvb-concat".into(),
+            vec!["--layer", "1"],
+            vec!["model.layers.1.self_attn.kv_b_proj.weight"],
+            None,
+            "kvb-concat",
+        ),
+        (
+            "kvb-untransposed".into(),
+            vec!["--layer", "2"],
+            vec!["model.layers.2.self_attn.kv_b_proj.weight"],
+            None,
+            "kvb-untransposed",
+        ),
+        (
+            "param-zeroed:model.layers.2.mlp.gate.e_score_correction_bias".into(),
+            vec![],
+            vec!["model.layers.2.mlp.gate.e_score_correction_bias"],
+            None,
+            "param-zeroed",
+        ),
+        (
+            "vocab-unpadded".into(),
+            vec![],
+            vec!["model.embed_tokens.weight", "lm_head.weight"],
+            None,
+            "vocab-unpadded",
+        ),
+        (
+            "bf16-as-f16".into(),
+            vec!["--param", "model.layers.0.mlp.down_proj.weight"],
+            vec!["model.layers.0.mlp.down_proj.weight"],
+            None,
+            "bf16-as-f16",
+        ),
+    ];
+    if tp > 1 {
+        let last = tp - 1;
+        v.push((
+            format!("rank-swap:0,{last}"),
+            vec!["--layer", "1"],
+            vec!["model.layers.1.self_attn.o_proj.weight"],
+            Some(vec![0, last]),
+            "rank-swap",
+        ));
+        v.push((
+            "merged-rank0".into(),
+            vec!["--layer", "1"],
+            vec![
+                "model.layers.1.mlp.experts.w13_weight",
+                "model.layers.1.mlp.shared_experts.gate_up_proj.weight",
+            ],
+            Some((1..tp).collect()),
+            "merged-rank0",
+        ));
+        v.push((
+            "merged-midsplit".into(),
+            vec!["--layer", "0"],
+            vec!["model.layers.0.mlp.gate_up_proj.weight"],
+            None,
+            "merged-midsplit",
+        ));
+        v.push((
+            "wrong-dim".into(),
+            vec!["--layer", "2"],
+            vec!["model.layers.2.self_attn.o_proj.weight"],
+            None,
+            "wrong-dim",
+        ));
+    }
+    v
+}
+
+#[test]
+fn every_injected_fault_is_found_named_and_explained() {
+    for tp in TPS {
+        for (fault, extra, params, ranks, cause) in cases(tp) {
+            let dir = inject("tiny-F32", &fault, tp, &extra);
+            let (code, r) = against("tiny-F32", &dir, tp);
+            let what = format!("{fault} tp={tp}");
+            assert_eq!(code, Some(1), "{what}: {}", r);
+            assert_eq!(r["verdict"], "fail");
+            let findings = r["findings"].as_array().unwrap();
+            let got: BTreeSet<&str> = findings
+                .iter()
+                .map(|f| f["param"].as_str().unwrap())
+                .collect();
+            let want: BTreeSet<&str> = params.iter().copied().collect();
+            assert_eq!(
+                got, want,
+                "{what}: flagged parameters; findings {}",
+                r["findings"]
+            );
+            let want_ranks: Vec<usize> = ranks.clone().unwrap_or_else(|| (0..tp).collect());
+            for p in &params {
+                let of_p: Vec<&serde_json::Value> =
+                    findings.iter().filter(|f| f["param"] == *p).collect();
+                for f in &of_p {
+                    assert_eq!(f["cause"], cause, "{what}: {p}: {f}");
+                }
+                let mut got_ranks: Vec<usize> = of_p
+                    .iter()
+                    .flat_map(|f| {
+                        f["ranks"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|r| r.as_u64().unwrap() as usize)
+                    })
+                    .collect();
+                got_ranks.sort_unstable();
+                assert_eq!(got_ranks, want_ranks, "{what}: {p}: ranks");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_human_report_names_the_cause() {
+    let dir = inject("tiny-F32", "kvb-concat", 8, &["--layer", "1"]);
+    let out = glmcheck(&[
+        "shards",
+        gguf("tiny-F32").to_str().unwrap(),
+        "--against",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert!(
+        text.contains("kvb-concat")
+            && text.contains("model.layers.1.self_attn.kv_b_proj.weight")
+            && text.contains("verdict: fail"),
+        "{text}"
+    );
+}
+
+#[test]
+fn missing_parameters_fail_only_with_strict_and_inject_refuses_no_ops() {
+    let dir = inject("tiny-F32", "none", 2, &[]);
+    // Drop a rank file: reported, the other rank still checked.
+    std::fs::remove_file(dir.path().join("rank1.safetensors")).unwrap();
+    let (code, r) = against("tiny-F32", &dir, 2);
+    assert_eq!(code, Some(0), "{r}");
+    assert_eq!(r["missing_ranks"], serde_json::json!([1]));
+    let out = glmcheck(&[
+        "shards",
+        gguf("tiny-F32").to_str().unwrap(),
+        "--tp",
+        "2",
+        "--against",
+        dir.path().to_str().unwrap(),
+        "--strict",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let out = glmcheck(&[
+        "inject",
+        gguf("tiny-F32").to_str().unwrap(),
+        "--fault",
+        "merged-rank0",
+        "--tp",
+        "1",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("changes nothing at tp=1"),
+        "{}",
+        stderr(&out)
+    );
+    let out = glmcheck(&[
+        "inject",
+        gguf("tiny-F32").to_str().unwrap(),
+        "--fault",
+        "bogus",
+        "--tp",
+        "2",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("unknown fault"), "{}", stderr(&out));
+}
+
+#[test]
+fn faults_are_still_named_when_the_gguf_is_quantized_and_the_dump_is_not() {
+    for (fault, extra, param, cause) in [
+        (
+            "kvb-concat",
+            vec!["--layer", "1"],
+            "model.layers.1.self_attn.kv_b_proj.weight",
+            "kvb-concat",
+        ),
+        (
+            "rank-swap:2,5",
+            vec!["--layer", "2"],
+            "model.layers.2.self_attn.o_proj.weight",
+            "rank-swap",
+        ),
+        (
+            "merged-midsplit",
+            vec!["--layer", "1"],
+            "model.layers.1.mlp.experts.w13_weight",
+            "merged-midsplit",
+        ),
+    ] {
+        let dir = inject("tiny-F32", fault, 8, &extra);
+        let (code, r) = against("tiny-Q4_K_M", &dir, 8);
+        assert_eq!(code, Some(1), "{fault}: {r}");
+        let f = r["findings"].as_array().unwrap();
+        assert!(
+            f.iter().any(|f| f["param"] == param && f["cause"] == cause),
+            "{fault}: {}",
+            r["findings"]
+        );
+        assert!(
+            f.iter().all(|f| f["cause"] == cause),
+            "{fault}: only the injected cause: {}",
+            r["findings"]
+        );
+    }
+}
