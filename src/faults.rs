@@ -7,7 +7,7 @@ use std::str::FromStr;
 use candle_core::{DType, Tensor};
 use safetensors::Dtype;
 
-use crate::arch::glm_dsa::TpStyle;
+use crate::arch::glm_dsa::{Role, TpStyle};
 use crate::arch::Config;
 use crate::compare::diff;
 use crate::dump::{encode, DumpTensor};
@@ -114,11 +114,11 @@ impl Fault {
 
     /// The parameters this bug touches by default.
     pub fn targets(&self, p: &ParamPlan) -> bool {
-        let v = p.def.vllm;
+        let role = p.def.role();
         match self {
             Fault::None => false,
-            Fault::KvbConcat | Fault::KvbUntransposed => v.ends_with("self_attn.kv_b_proj.weight"),
-            Fault::RankSwap(..) | Fault::WrongDim => v.ends_with("self_attn.o_proj.weight"),
+            Fault::KvbConcat | Fault::KvbUntransposed => role == Some(Role::AttnKvB),
+            Fault::RankSwap(..) | Fault::WrongDim => role == Some(Role::AttnOut),
             Fault::MergedRank0 | Fault::MergedMidsplit => {
                 matches!(p.style, TpStyle::MergedColumn | TpStyle::MoeW13)
             }
@@ -441,7 +441,7 @@ pub fn explain(e: &Evidence<'_>, _c: &Config) -> Explanation {
             }
         }
     }
-    if p.def.vllm.ends_with("self_attn.kv_b_proj.weight") {
+    if p.def.role() == Some(Role::AttnKvB) {
         if let Ok(t) = kvb_concat(e.w, p) {
             if p.shard(&t, e.rank).is_ok_and(|s| e.same_as(&s)) {
                 return Explanation::Fault(

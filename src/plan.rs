@@ -11,7 +11,7 @@
 use candle_core::Tensor;
 use serde::Serialize;
 
-use crate::arch::glm_dsa::{self, Idx, Rebuild, Scope, TpStyle, VllmDef};
+use crate::arch::glm_dsa::{self, Idx, Rebuild, Role, Scope, TpStyle, VllmDef};
 use crate::arch::Config;
 use crate::gguf::{GgmlType, GgufModel};
 
@@ -214,7 +214,7 @@ impl ShardPlan {
                     None => def.scope == Scope::Global,
                     Some(l) => def.scope.has_layer(c, l),
                 };
-                if !applies || (def.vllm == "lm_head.weight" && c.tie_word_embeddings) {
+                if !applies || (def.role() == Some(Role::LmHead) && c.tie_word_embeddings) {
                     continue;
                 }
                 params.push(plan_param(
@@ -230,8 +230,8 @@ impl ShardPlan {
             }
         }
         // Globals in forward order: embedding first, final norm and lm_head last.
-        params.sort_by_key(|p| match (p.layer, p.param.as_str()) {
-            (None, "model.embed_tokens.weight") => (0, 0),
+        params.sort_by_key(|p| match (p.layer, p.def.role()) {
+            (None, Some(Role::Embedding)) => (0, 0),
             (Some(l), _) => (1, l),
             (None, _) => (2, 0),
         });
@@ -357,9 +357,9 @@ fn check_head_alignment(params: &mut [ParamPlan], c: &Config, tp: usize) {
         return;
     }
     let per_head = |p: &ParamPlan| -> usize {
-        match p.def.vllm {
-            v if v.ends_with("q_b_proj.weight") => c.qk_head_dim(),
-            v if v.ends_with("kv_b_proj.weight") => c.qk_nope_head_dim + c.v_head_dim,
+        match p.def.role() {
+            Some(Role::AttnQB) => c.qk_head_dim(),
+            Some(Role::AttnKvB) => c.qk_nope_head_dim + c.v_head_dim,
             _ => c.v_head_dim,
         }
     };
@@ -381,10 +381,55 @@ fn check_head_alignment(params: &mut [ParamPlan], c: &Config, tp: usize) {
 }
 
 fn is_attn_head_param(p: &ParamPlan) -> bool {
-    let v = p.def.vllm;
-    v.ends_with("self_attn.q_b_proj.weight")
-        || v.ends_with("self_attn.kv_b_proj.weight")
-        || v.ends_with("self_attn.o_proj.weight")
+    matches!(
+        p.def.role(),
+        Some(Role::AttnQB | Role::AttnKvB | Role::AttnOut)
+    )
+}
+
+/// Checks, from the ranges alone, that the ranks' cuts tile the shard dimension exactly once and that
+/// every rank's shard has the same size (padding included).
+pub fn check_ranges(p: &ParamPlan) -> Result<(), String> {
+    let Some(d) = p.shard_dim else { return Ok(()) };
+    let n = p.full_shape.get(d).copied().unwrap_or(0);
+    let mut all: Vec<(usize, usize)> = p
+        .cuts
+        .iter()
+        .flat_map(|c| c.ranges.iter().copied())
+        .collect();
+    all.sort_unstable();
+    let mut expect = 0;
+    for (a, b) in all {
+        if a != expect || b < a {
+            return Err(format!(
+                "ranks' ranges leave {expect}..{a} uncovered or covered twice"
+            ));
+        }
+        expect = b;
+    }
+    if expect != n {
+        return Err(format!("ranks' ranges cover {expect} of {n}"));
+    }
+    let len = p.cuts.first().map_or(0, Cut::len);
+    if p.cuts.iter().any(|c| c.len() != len) {
+        return Err("ranks' shards differ in size".into());
+    }
+    Ok(())
+}
+
+/// The same plan for one expert of a stacked expert parameter (`[E, …]` → `[…]`).
+pub fn per_expert(p: &ParamPlan) -> Option<ParamPlan> {
+    if !matches!(p.style, TpStyle::MoeW13 | TpStyle::MoeW2) {
+        return None;
+    }
+    let mut q = p.clone();
+    q.full_shape.remove(0);
+    q.shard_shape.remove(0);
+    q.shard_dim = p.shard_dim.map(|d| d - 1);
+    for c in &mut q.cuts {
+        c.dim -= 1;
+    }
+    Some(q)
 }
 
 /// Checks that rank shards of `full` concatenate back to it (and padding is zero). Returns the first

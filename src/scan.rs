@@ -29,29 +29,63 @@ pub struct TensorStats {
     pub error: Option<String>,
 }
 
-pub fn stats_of(values: &[f32]) -> (f64, f64, f64, u64, u64) {
-    let (mut absmax, mut sum, mut sumsq, mut nan, mut inf, mut n) =
-        (0f64, 0f64, 0f64, 0u64, 0u64, 0u64);
-    for &v in values {
-        if v.is_nan() {
-            nan += 1;
-        } else if v.is_infinite() {
-            inf += 1;
-        } else {
-            let v = v as f64;
-            absmax = absmax.max(v.abs());
-            sum += v;
-            sumsq += v * v;
-            n += 1;
+/// Streaming value statistics over finite values; NaN and Inf are counted, not summed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stats {
+    pub absmax: f64,
+    sum: f64,
+    sumsq: f64,
+    n: u64,
+    pub nan: u64,
+    pub inf: u64,
+}
+
+impl Stats {
+    pub fn add(&mut self, values: &[f32]) {
+        // Per-chunk partial sums (the max in f32) keep the inner loop tight.
+        for chunk in values.chunks(4096) {
+            let (mut s, mut ss, mut m, mut finite) = (0f64, 0f64, 0f32, 0u64);
+            for &v in chunk {
+                if v.is_finite() {
+                    s += v as f64;
+                    ss += (v as f64) * (v as f64);
+                    m = m.max(v.abs());
+                    finite += 1;
+                } else if v.is_nan() {
+                    self.nan += 1;
+                } else {
+                    self.inf += 1;
+                }
+            }
+            self.sum += s;
+            self.sumsq += ss;
+            self.absmax = self.absmax.max(m as f64);
+            self.n += finite;
         }
     }
-    let mean = if n > 0 { sum / n as f64 } else { 0.0 };
-    let var = if n > 0 {
-        (sumsq / n as f64 - mean * mean).max(0.0)
-    } else {
-        0.0
-    };
-    (absmax, mean, var.sqrt(), nan, inf)
+
+    pub fn mean(&self) -> f64 {
+        if self.n > 0 {
+            self.sum / self.n as f64
+        } else {
+            0.0
+        }
+    }
+
+    pub fn std(&self) -> f64 {
+        if self.n == 0 {
+            return 0.0;
+        }
+        let m = self.mean();
+        (self.sumsq / self.n as f64 - m * m).max(0.0).sqrt()
+    }
+}
+
+/// (absmax, mean, std, NaN count, Inf count) of `values`.
+pub fn stats_of(values: &[f32]) -> (f64, f64, f64, u64, u64) {
+    let mut s = Stats::default();
+    s.add(values);
+    (s.absmax, s.mean(), s.std(), s.nan, s.inf)
 }
 
 /// Decodes one tensor `repeat` times (at least once) into `buf` (grown as needed and reused across

@@ -9,8 +9,8 @@ use serde::Serialize;
 use crate::compare::{diff, dump_dtype_rel_l2, quant_rel_l2_bound};
 use crate::dump::{DumpError, DumpTensor, RankDump};
 use crate::faults::{explain, Evidence, Explanation, Fault};
-use crate::plan::{check_reassembly, ParamPlan, ShardPlan};
-use crate::scan::stats_of;
+use crate::plan::{check_ranges, check_reassembly, per_expert, ParamPlan, ShardPlan};
+use crate::scan::Stats;
 use crate::weights::{WeightError, Weights};
 
 fn values(t: &Tensor) -> candle_core::Result<Vec<f32>> {
@@ -44,7 +44,11 @@ pub struct VerifyReport {
     pub ok: bool,
 }
 
-/// Dequantizes every planned parameter (one at a time) and checks it. `tick(bytes)` reports progress.
+/// Above this many values a tensor's shards are checked from their ranges, not by copying data.
+const DATA_CHECK_MAX: usize = 1 << 28;
+
+/// Dequantizes every planned parameter (one at a time; stacked experts one expert at a time, so memory
+/// stays bounded by the largest non-expert tensor) and checks it. `tick(bytes)` reports progress.
 pub fn verify(
     w: &Weights<'_>,
     plan: &ShardPlan,
@@ -60,49 +64,63 @@ pub fn verify(
             .filter_map(|n| w.model.tensor(n))
             .map(|t| t.info.n_bytes)
             .sum();
-        let mut row = VerifyRow {
-            param: p.param.clone(),
-            dtype: p.dtype.clone(),
-            full_shape: p.full_shape.clone(),
-            absmax: 0.0,
-            mean: 0.0,
-            std: 0.0,
-            nan: 0,
-            inf: 0,
-            reassembles: false,
-            problems: p.problems.clone(),
+        let mut problems = p.problems.clone();
+        let mut stats = Stats::default();
+        if let Err(e) = check_ranges(p) {
+            problems.push(e);
+        }
+        let mut check = |t: &Tensor, p: &ParamPlan, problems: &mut Vec<String>| {
+            match values(t) {
+                Ok(v) => stats.add(&v),
+                Err(e) => problems.push(e.to_string()),
+            }
+            if t.elem_count() <= DATA_CHECK_MAX {
+                if let Err(e) = check_reassembly(p, t, plan.tp) {
+                    problems.push(e);
+                }
+            }
         };
-        match w.vllm(&p.param) {
-            Err(e) => row.problems.push(e.to_string()),
-            Ok(full) => {
-                match values(&full) {
-                    Ok(v) => {
-                        let (absmax, mean, std, nan, inf) = stats_of(&v);
-                        row.absmax = absmax;
-                        row.mean = mean;
-                        row.std = std;
-                        row.nan = nan;
-                        row.inf = inf;
-                        if nan + inf > 0 {
-                            row.problems.push(format!("{nan} NaN and {inf} Inf values"));
+        match (per_expert(p), p.idx.layer) {
+            (Some(q), Some(layer)) => {
+                for e in 0..w.config.n_routed_experts {
+                    match expert_slice(w, p, layer, e) {
+                        Ok(t) => check(&t, &q, &mut problems),
+                        Err(err) => {
+                            problems.push(err.to_string());
+                            break;
                         }
-                    }
-                    Err(e) => row.problems.push(e.to_string()),
-                }
-                match check_reassembly(p, &full, plan.tp) {
-                    Ok(()) => row.reassembles = true,
-                    Err(e) => row.problems.push(e),
-                }
-                if p.def.vllm.ends_with("self_attn.kv_b_proj.weight") {
-                    if let Err(e) = check_kvb_layout(w, p, &full) {
-                        row.problems.push(e);
                     }
                 }
             }
+            _ => match w.vllm(&p.param) {
+                Err(e) => problems.push(e.to_string()),
+                Ok(full) => {
+                    check(&full, p, &mut problems);
+                    if p.def.role() == Some(crate::arch::glm_dsa::Role::AttnKvB) {
+                        if let Err(e) = check_kvb_layout(w, p, &full) {
+                            problems.push(e);
+                        }
+                    }
+                }
+            },
+        }
+        if stats.nan + stats.inf > 0 {
+            problems.push(format!("{} NaN and {} Inf values", stats.nan, stats.inf));
         }
         bytes += src_bytes;
         tick(p, src_bytes);
-        rows.push(row);
+        rows.push(VerifyRow {
+            param: p.param.clone(),
+            dtype: p.dtype.clone(),
+            full_shape: p.full_shape.clone(),
+            absmax: stats.absmax,
+            mean: stats.mean(),
+            std: stats.std(),
+            nan: stats.nan,
+            inf: stats.inf,
+            reassembles: problems.is_empty(),
+            problems,
+        });
     }
     let ok = rows.iter().all(|r| r.problems.is_empty());
     VerifyReport {
@@ -112,6 +130,29 @@ pub fn verify(
         seconds: start.elapsed().as_secs_f64(),
         ok,
     }
+}
+
+/// One expert's slice of a stacked vLLM expert parameter: its HF parts concatenated.
+fn expert_slice(
+    w: &Weights<'_>,
+    p: &ParamPlan,
+    layer: usize,
+    e: usize,
+) -> Result<Tensor, WeightError> {
+    let idx = crate::arch::glm_dsa::Idx {
+        layer: Some(layer),
+        expert: Some(e),
+    };
+    let parts = p
+        .def
+        .parts
+        .iter()
+        .map(|t| w.hf(&crate::arch::glm_dsa::name(t, idx)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Tensor::cat(&parts, p.def.cat_dim.saturating_sub(1)).map_err(|err| WeightError::Candle {
+        param: p.param.clone(),
+        err,
+    })
 }
 
 /// kv_b_proj read as vLLM's MLA absorption does (`W.T.view(kv_lora, H, nope + v)`, split [nope, v])

@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use super::glm_dsa::{self, Role};
 use crate::gguf::{GgufError, GgufModel, Value};
 
 /// The GGUF architecture string llama.cpp writes for GLM-5.
@@ -227,6 +228,11 @@ impl<'a> ConfigReader<'a> {
             "nextn_predict_layers",
             d.num_nextn_predict_layers,
         )?;
+        if let Some((_, src)) = r.sources.iter_mut().find(|(f, _)| f == "num_hidden_layers") {
+            if let Source::Metadata(k) = src {
+                *src = Source::Derived(format!("{k} − nextn_predict_layers"));
+            }
+        }
         let num_hidden_layers = block_count.checked_sub(nextn).ok_or_else(|| {
             r.wrong_type(
                 &r.key("nextn_predict_layers"),
@@ -240,7 +246,7 @@ impl<'a> ConfigReader<'a> {
         )?;
         r.derived(
             "num_key_value_heads",
-            "num_attention_heads (MLA: the GGUF's head_count_kv of 1 is the compressed latent)",
+            "= num_attention_heads (MLA; the GGUF's head_count_kv 1 is the latent)",
         );
         let q_lora_rank = r.uint("q_lora_rank", "attention.q_lora_rank", d.q_lora_rank)?;
         let kv_lora_rank = r.uint("kv_lora_rank", "attention.kv_lora_rank", d.kv_lora_rank)?;
@@ -257,7 +263,7 @@ impl<'a> ConfigReader<'a> {
         // The entry just pushed describes key_length_mla; qk_nope_head_dim is derived from it.
         if let Some((_, src)) = r.sources.last_mut() {
             if let Source::Metadata(k) = src {
-                *src = Source::Derived(format!("{k} - rope.dimension_count"));
+                *src = Source::Derived(format!("{k} − rope.dimension_count"));
             }
         }
         let qk_nope_head_dim = key_length_mla
@@ -363,16 +369,26 @@ impl<'a> ConfigReader<'a> {
         {
             r.derived("vocab_size", "len(tokenizer.ggml.tokens)");
             n
-        } else if let Some(t) = model.tensor("token_embd.weight") {
-            r.derived("vocab_size", "token_embd.weight ne[1]");
+        } else if let Some(t) = glm_dsa::gguf_name_of(Role::Embedding).and_then(|n| model.tensor(n))
+        {
+            r.derived("vocab_size", "the embedding's ne[1]");
             t.info.ne.get(1).copied().unwrap_or(0) as usize
         } else {
             r.sources
                 .push(("vocab_size".into(), Source::Default(vocab_key)));
             d.vocab_size
         };
-        let tie_word_embeddings = model.tensor("output.weight").is_none();
-        r.derived("tie_word_embeddings", "no output.weight tensor");
+        let tie_word_embeddings = glm_dsa::gguf_name_of(Role::LmHead)
+            .and_then(|n| model.tensor(n))
+            .is_none();
+        r.derived(
+            "tie_word_embeddings",
+            if tie_word_embeddings {
+                "no lm_head tensor (output.weight) in the file"
+            } else {
+                "lm_head tensor (output.weight) present"
+            },
+        );
         let config = Config {
             hidden_size,
             num_hidden_layers,

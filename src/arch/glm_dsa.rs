@@ -639,6 +639,24 @@ impl Idx {
     }
 }
 
+impl VllmDef {
+    /// The role of the parameter's (first) HF part.
+    pub fn role(&self) -> Option<Role> {
+        let first = self.parts.first()?;
+        HF_TABLE.iter().find(|d| d.hf == *first).map(|d| d.role)
+    }
+}
+
+/// The (first) HF definition with this role.
+pub fn hf_def(role: Role) -> Option<&'static HfDef> {
+    HF_TABLE.iter().find(|d| d.role == role)
+}
+
+/// The GGUF tensor name (template) of a role's first source.
+pub fn gguf_name_of(role: Role) -> Option<&'static str> {
+    hf_def(role).and_then(|d| d.gguf.first()).map(|s| s.name)
+}
+
 /// Fills `{L}` (and `{E}`) in a template.
 pub fn name(template: &str, idx: Idx) -> String {
     let mut s = template.to_string();
@@ -683,8 +701,7 @@ pub fn hf_params(c: &Config) -> Vec<HfParam> {
             def: d,
         });
     };
-    let global = |n: &str| HF_TABLE.iter().find(|d| d.hf == n);
-    if let Some(d) = global("model.embed_tokens.weight") {
+    if let Some(d) = hf_def(Role::Embedding) {
         push(&mut out, d, Idx::default());
     }
     for l in 0..c.num_hidden_layers {
@@ -707,7 +724,7 @@ pub fn hf_params(c: &Config) -> Vec<HfParam> {
     }
     for d in HF_TABLE
         .iter()
-        .filter(|d| d.scope == Scope::Global && d.hf != "model.embed_tokens.weight")
+        .filter(|d| d.scope == Scope::Global && d.role != Role::Embedding)
     {
         if d.role == Role::LmHead && c.tie_word_embeddings {
             continue;
