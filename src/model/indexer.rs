@@ -7,8 +7,10 @@ use super::capture::{emit, emit_with, Capture};
 use super::names::{conv, sub, IndexerPaths};
 use super::ops::{topk_indices, CausalMask, LayerNorm, Linear, Rope, RopeTables};
 
-/// transformers builds `k_norm` as `nn.LayerNorm(head_dim, eps=1e-6)`; the GGUF carries no eps for
-/// it (llama.cpp's glm-dsa graph uses its own constant there too).
+/// transformers builds `k_norm` as `nn.LayerNorm(head_dim, eps=1e-6)` (vLLM's `Indexer` too); the
+/// GGUF carries no eps for it. llama.cpp's glm-dsa graph normalises with `LLM_NORM`, i.e.
+/// `hparams.f_norm_eps`, which its glm-dsa loader never reads (the file has no
+/// `attention.layer_norm_epsilon`), so llama.cpp most likely runs this LayerNorm with eps 0.
 pub const K_NORM_EPS: f64 = 1e-6;
 
 #[derive(Debug, Clone)]
@@ -39,6 +41,14 @@ impl Indexer {
     /// (`finfo.min` on future keys); top-k over ALL T keys. For query i < k−1 the top-k therefore
     /// holds masked future keys too; the attention mask is intersected with the causal mask, so
     /// they are never attended.
+    ///
+    /// Elsewhere: transformers' GlmMoeDsa always uses interleaved RoPE here; llama.cpp's glm-dsa
+    /// graph agrees (`LLAMA_ROPE_TYPE_NORM`, adjacent pairs), while vLLM and SGLang choose
+    /// `is_neox_style = not config.indexer_rope_interleave` (default false: half-split), so a
+    /// config.json without `indexer_rope_interleave: true` gets a different indexer there.
+    /// llama.cpp also folds head_dim^-½ into the head weights (1/√(dI·nI), valid since a positive
+    /// scale commutes with relu) and applies a Hadamard rotation to q and k (orthogonal, so the
+    /// scores are unchanged up to rounding).
     pub fn forward(
         &self,
         x: &Tensor,

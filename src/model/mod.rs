@@ -114,10 +114,6 @@ struct Loader<'w, 'a> {
 }
 
 impl Loader<'_, '_> {
-    fn raw(&self, p: Param, layer: Option<usize>) -> Result<Tensor, ModelError> {
-        Ok(self.w.hf(&p.name(layer)?)?)
-    }
-
     fn get(&self, p: Param, layer: Option<usize>) -> Result<Tensor, ModelError> {
         let name = p.name(layer)?;
         let t = self.w.hf(&name)?;
@@ -129,7 +125,7 @@ impl Loader<'_, '_> {
 
     /// Kept in f32 whatever the compute dtype.
     fn f32(&self, p: Param, layer: Option<usize>) -> Result<Tensor, ModelError> {
-        self.raw(p, layer)
+        Ok(self.w.hf(&p.name(layer)?)?)
     }
 
     /// Stored in the compute dtype but computed in f32 (transformers loads the router weight in
