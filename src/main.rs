@@ -391,7 +391,13 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
             std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
             let inputs: Vec<&std::path::Path> =
                 model.parts.iter().map(|p| p.path.as_path()).collect();
-            let written = shards::inject(&w, &plan, &fault, *layer, params, dtype, out, &inputs)?;
+            let spec = shards::InjectSpec {
+                fault: &fault,
+                layer: *layer,
+                params,
+                dtype,
+            };
+            let written = shards::inject(&w, &plan, &spec, out, &inputs)?;
             if !cli.quiet {
                 eprintln!(
                     "glmcheck: wrote {} rank files to {} (fault {})",

@@ -475,17 +475,26 @@ fn group(p: &ParamPlan, per_rank: &[(usize, Explanation, f64, f64)], tp: usize) 
     out
 }
 
-/// Writes the dump a loader with `fault` would hold. Returns the files written.
+/// Which bug to inject, where, and in what dtype.
+pub struct InjectSpec<'a> {
+    pub fault: &'a Fault,
+    /// Only this layer's parameters get the bug.
+    pub layer: Option<usize>,
+    /// Only parameters matching one of these globs get the bug (empty: the bug's default targets).
+    pub params: &'a [String],
+    pub dtype: safetensors::Dtype,
+}
+
+/// Writes the dump a loader with the bug would hold into `out`, never over one of `inputs`.
+/// Returns the files written.
 pub fn inject(
     w: &Weights<'_>,
     plan: &ShardPlan,
-    fault: &Fault,
-    layer: Option<usize>,
-    only: &[String],
-    dtype: safetensors::Dtype,
+    spec: &InjectSpec<'_>,
     out: &std::path::Path,
     inputs: &[&std::path::Path],
 ) -> Result<Vec<std::path::PathBuf>, AgainstError> {
+    let (fault, layer, only, dtype) = (spec.fault, spec.layer, spec.params, spec.dtype);
     let tp = plan.tp;
     let mut per_rank: Vec<BTreeMap<String, DumpTensor>> = vec![BTreeMap::new(); tp];
     for p in &plan.params {

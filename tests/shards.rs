@@ -285,22 +285,16 @@ fn quantized_ggufs_against_the_f32_originals_pass() {
 }
 
 /// (fault, extra inject args, expected param set, expected ranks (None: all), cause)
-fn cases(
-    tp: usize,
-) -> Vec<(
+type Case = (
     String,
     Vec<&'static str>,
     Vec<&'static str>,
     Option<Vec<usize>>,
     &'static str,
-)> {
-    let mut v: Vec<(
-        String,
-        Vec<&'static str>,
-        Vec<&'static str>,
-        Option<Vec<usize>>,
-        &'static str,
-    )> = vec![
+);
+
+fn cases(tp: usize) -> Vec<Case> {
+    let mut v: Vec<Case> = vec![
         (
             "kvb-concat".into(),
             vec!["--layer", "1"],
