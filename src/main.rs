@@ -89,6 +89,10 @@ Exit codes: 0 all decoded and finite, 1 NaN/Inf values or undecodable tensors, 2
         /// Decode each tensor this many times and report the best time.
         #[arg(long, default_value_t = 1)]
         repeat: usize,
+        /// Decode straight into the statistics in cache-sized chunks, never holding the f32 tensor
+        /// (how `shards --verify` scans experts), instead of into one reused f32 buffer.
+        #[arg(long)]
+        stream: bool,
         /// Print JSON: {"tensors": [{"name", "dtype", "shape", "absmax", "mean", "std", "nan", "inf", "seconds", "out_gbps"}]}.
         #[arg(long)]
         json: bool,
@@ -243,6 +247,7 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
             file,
             tensors,
             repeat,
+            stream,
             json,
         } => {
             let model = open(file)?;
@@ -256,7 +261,11 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
             let mut buf = Vec::new();
             for t in selected {
                 bar.set_message(t.info.name.clone());
-                rows.push(scan::scan_tensor(t, *repeat, &mut buf));
+                rows.push(if *stream {
+                    scan::scan_tensor_streaming(t, *repeat)
+                } else {
+                    scan::scan_tensor(t, *repeat, &mut buf)
+                });
                 bar.inc(t.info.n_bytes);
             }
             bar.finish_and_clear();

@@ -42,26 +42,57 @@ pub struct Stats {
 
 impl Stats {
     pub fn add(&mut self, values: &[f32]) {
-        // Per-chunk partial sums (the max in f32) keep the inner loop tight.
+        // 16 f32 lanes per 4096-value chunk (vectorisable: no branch in the loop), folded into f64
+        // per chunk: the sums carry ~1e-6 relative error, ample for statistics.
+        const LANES: usize = 16;
         for chunk in values.chunks(4096) {
-            let (mut s, mut ss, mut m, mut finite) = (0f64, 0f64, 0f32, 0u64);
-            for &v in chunk {
-                if v.is_finite() {
-                    s += v as f64;
-                    ss += (v as f64) * (v as f64);
-                    m = m.max(v.abs());
-                    finite += 1;
-                } else if v.is_nan() {
-                    self.nan += 1;
-                } else {
-                    self.inf += 1;
+            let (mut s, mut ss) = ([0f32; LANES], [0f32; LANES]);
+            // |v|'s bits order like |v| for finite values; u32 max vectorises where f32 max may not.
+            let mut m = [0u32; LANES];
+            let mut bad = [0u32; LANES];
+            let (lanes, tail) = chunk.as_chunks::<LANES>();
+            for row in lanes {
+                for j in 0..LANES {
+                    let v = row[j];
+                    let bits = v.to_bits() & 0x7fff_ffff;
+                    let finite = bits < 0x7f80_0000;
+                    let x = if finite { v } else { 0.0 };
+                    s[j] += x;
+                    ss[j] += x * x;
+                    m[j] = m[j].max(if finite { bits } else { 0 });
+                    bad[j] += u32::from(!finite);
                 }
             }
-            self.sum += s;
-            self.sumsq += ss;
-            self.absmax = self.absmax.max(m as f64);
-            self.n += finite;
+            for (j, &v) in tail.iter().enumerate() {
+                let bits = v.to_bits() & 0x7fff_ffff;
+                let finite = bits < 0x7f80_0000;
+                let x = if finite { v } else { 0.0 };
+                s[j] += x;
+                ss[j] += x * x;
+                m[j] = m[j].max(if finite { bits } else { 0 });
+                bad[j] += u32::from(!finite);
+            }
+            let bad: u32 = bad.iter().sum();
+            if bad > 0 {
+                let nan = chunk.iter().filter(|v| v.is_nan()).count() as u64;
+                self.nan += nan;
+                self.inf += bad as u64 - nan;
+            }
+            self.sum += s.iter().map(|&x| x as f64).sum::<f64>();
+            self.sumsq += ss.iter().map(|&x| x as f64).sum::<f64>();
+            let mbits = m.iter().copied().max().unwrap_or(0);
+            self.absmax = self.absmax.max(f32::from_bits(mbits) as f64);
+            self.n += chunk.len() as u64 - bad as u64;
         }
+    }
+
+    pub fn merge(&mut self, o: &Stats) {
+        self.absmax = self.absmax.max(o.absmax);
+        self.sum += o.sum;
+        self.sumsq += o.sumsq;
+        self.n += o.n;
+        self.nan += o.nan;
+        self.inf += o.inf;
     }
 
     pub fn mean(&self) -> f64 {
@@ -81,11 +112,67 @@ impl Stats {
     }
 }
 
+/// Statistics of a whole tensor, decoded in cache-sized chunks on all cores (no full f32 copy).
+pub fn stream_stats(t: TensorRef<'_>) -> Result<Stats, crate::gguf::DequantError> {
+    let parts = t.fold_chunks(Stats::default, |s, v| s.add(v))?;
+    let mut total = Stats::default();
+    for p in &parts {
+        total.merge(p);
+    }
+    Ok(total)
+}
+
 /// (absmax, mean, std, NaN count, Inf count) of `values`.
 pub fn stats_of(values: &[f32]) -> (f64, f64, f64, u64, u64) {
     let mut s = Stats::default();
     s.add(values);
     (s.absmax, s.mean(), s.std(), s.nan, s.inf)
+}
+
+/// Like [`scan_tensor`], but decoding in cache-sized chunks straight into the statistics (the way
+/// `shards --verify` scans expert stacks): no f32 copy of the tensor is ever made.
+pub fn scan_tensor_streaming(t: TensorRef<'_>, repeat: usize) -> TensorStats {
+    let i = t.info;
+    let mut best = f64::INFINITY;
+    let mut result = None;
+    for _ in 0..repeat.max(1) {
+        let start = Instant::now();
+        let r = stream_stats(t);
+        best = best.min(start.elapsed().as_secs_f64());
+        result = Some(r);
+    }
+    let n = i.n_elements() as usize;
+    let mut row = TensorStats {
+        name: i.name.clone(),
+        dtype: i.dtype,
+        shape: i.torch_shape(),
+        bytes: i.n_bytes,
+        elements: i.n_elements(),
+        absmax: 0.0,
+        mean: 0.0,
+        std: 0.0,
+        nan: 0,
+        inf: 0,
+        seconds: best,
+        out_gbps: (n * 4) as f64 / best.max(1e-12) / 1e9,
+        error: None,
+    };
+    match result {
+        Some(Ok(s)) => {
+            row.absmax = s.absmax;
+            row.mean = s.mean();
+            row.std = s.std();
+            row.nan = s.nan;
+            row.inf = s.inf;
+        }
+        Some(Err(e)) => {
+            row.error = Some(e.to_string());
+            row.seconds = 0.0;
+            row.out_gbps = 0.0;
+        }
+        None => {}
+    }
+    row
 }
 
 /// Decodes one tensor `repeat` times (at least once) into `buf` (grown as needed and reused across

@@ -67,3 +67,27 @@ fn the_k_quant_fixture_really_holds_k_quants() {
         );
     }
 }
+
+#[test]
+fn streaming_statistics_equal_those_of_the_full_tensor() {
+    use glmcheck::scan::{stats_of, stream_stats};
+    let model = GgufModel::open(&gguf("tiny-Q4_K_M")).expect("open");
+    for t in model.tensors() {
+        let full = t.dequantize().unwrap();
+        let (absmax, mean, std, nan, inf) = stats_of(&full);
+        let s = stream_stats(t).unwrap();
+        assert_eq!(
+            (s.absmax, s.nan, s.inf),
+            (absmax, nan, inf),
+            "{}",
+            t.info.name
+        );
+        // Chunk boundaries differ between the two paths; sums are f32 lanes per 4096 values.
+        assert!(
+            (s.mean() - mean).abs() <= 1e-6 * std.max(1e-30) + 1e-12,
+            "{}",
+            t.info.name
+        );
+        assert!((s.std() - std).abs() <= 1e-5 * std, "{}", t.info.name);
+    }
+}

@@ -12,47 +12,88 @@ use half::{bf16, f16};
 use super::error::DequantError;
 use super::types::GgmlType;
 
+/// Runs `$body` with `$T` bound to candle's block type for `$dtype`; `None` for types candle lacks.
+/// The one list of supported types.
+macro_rules! with_block {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            GgmlType::F32 => {
+                type $T = f32;
+                Some($body)
+            }
+            GgmlType::F16 => {
+                type $T = f16;
+                Some($body)
+            }
+            GgmlType::BF16 => {
+                type $T = bf16;
+                Some($body)
+            }
+            GgmlType::Q4_0 => {
+                type $T = BlockQ4_0;
+                Some($body)
+            }
+            GgmlType::Q4_1 => {
+                type $T = BlockQ4_1;
+                Some($body)
+            }
+            GgmlType::Q5_0 => {
+                type $T = BlockQ5_0;
+                Some($body)
+            }
+            GgmlType::Q5_1 => {
+                type $T = BlockQ5_1;
+                Some($body)
+            }
+            GgmlType::Q8_0 => {
+                type $T = BlockQ8_0;
+                Some($body)
+            }
+            GgmlType::Q8_1 => {
+                type $T = BlockQ8_1;
+                Some($body)
+            }
+            GgmlType::Q2_K => {
+                type $T = BlockQ2K;
+                Some($body)
+            }
+            GgmlType::Q3_K => {
+                type $T = BlockQ3K;
+                Some($body)
+            }
+            GgmlType::Q4_K => {
+                type $T = BlockQ4K;
+                Some($body)
+            }
+            GgmlType::Q5_K => {
+                type $T = BlockQ5K;
+                Some($body)
+            }
+            GgmlType::Q6_K => {
+                type $T = BlockQ6K;
+                Some($body)
+            }
+            GgmlType::Q8_K => {
+                type $T = BlockQ8K;
+                Some($body)
+            }
+            _ => None,
+        }
+    };
+}
+
 /// Types candle decodes.
 pub fn supported(t: GgmlType) -> bool {
-    dispatch_size(t).is_some()
+    with_block!(t, T => std::mem::size_of::<T>()).is_some()
 }
 
-/// The block struct size candle uses for `t`, which must equal ggml's bytes per block.
-fn dispatch_size(t: GgmlType) -> Option<usize> {
-    use std::mem::size_of;
-    Some(match t {
-        GgmlType::F32 => size_of::<f32>(),
-        GgmlType::F16 => size_of::<f16>(),
-        GgmlType::BF16 => size_of::<bf16>(),
-        GgmlType::Q4_0 => size_of::<BlockQ4_0>(),
-        GgmlType::Q4_1 => size_of::<BlockQ4_1>(),
-        GgmlType::Q5_0 => size_of::<BlockQ5_0>(),
-        GgmlType::Q5_1 => size_of::<BlockQ5_1>(),
-        GgmlType::Q8_0 => size_of::<BlockQ8_0>(),
-        GgmlType::Q8_1 => size_of::<BlockQ8_1>(),
-        GgmlType::Q2_K => size_of::<BlockQ2K>(),
-        GgmlType::Q3_K => size_of::<BlockQ3K>(),
-        GgmlType::Q4_K => size_of::<BlockQ4K>(),
-        GgmlType::Q5_K => size_of::<BlockQ5K>(),
-        GgmlType::Q6_K => size_of::<BlockQ6K>(),
-        GgmlType::Q8_K => size_of::<BlockQ8K>(),
-        _ => return None,
-    })
-}
-
-/// Dequantizes `bytes` (a whole number of `dtype` blocks) into `out`, which must hold exactly the
-/// number of elements those blocks encode. `name` is only used in errors.
-pub fn dequantize_into(
-    name: &str,
-    dtype: GgmlType,
-    bytes: &[u8],
-    out: &mut [f32],
-) -> Result<(), DequantError> {
+/// Checks that `bytes` is a whole number of `dtype` blocks candle can decode; returns the block count.
+fn check(name: &str, dtype: GgmlType, bytes: &[u8]) -> Result<usize, DequantError> {
     let bad = |reason: String| DequantError::Bad {
         tensor: name.to_string(),
         reason,
     };
-    let Some(block_bytes) = dispatch_size(dtype) else {
+    let Some(block_bytes) = with_block!(dtype, T => std::mem::size_of::<T>()) else {
         return Err(DequantError::Unsupported {
             tensor: name.to_string(),
             dtype: dtype.name.to_string(),
@@ -70,33 +111,51 @@ pub fn dequantize_into(
             bytes.len()
         )));
     }
-    let n_blocks = bytes.len() / block_bytes;
+    Ok(bytes.len() / block_bytes)
+}
+
+/// Dequantizes `bytes` (a whole number of `dtype` blocks) into `out`, which must hold exactly the
+/// number of elements those blocks encode. `name` is only used in errors.
+pub fn dequantize_into(
+    name: &str,
+    dtype: GgmlType,
+    bytes: &[u8],
+    out: &mut [f32],
+) -> Result<(), DequantError> {
+    let n_blocks = check(name, dtype, bytes)?;
     let expected = n_blocks as u64 * dtype.block_size;
     if out.len() as u64 != expected {
-        return Err(bad(format!(
-            "{n_blocks} {dtype} blocks hold {expected} values, the output has room for {}",
-            out.len()
-        )));
+        return Err(DequantError::Bad {
+            tensor: name.to_string(),
+            reason: format!(
+                "{n_blocks} {dtype} blocks hold {expected} values, the output has room for {}",
+                out.len()
+            ),
+        });
     }
-    match dtype {
-        GgmlType::F32 => run::<f32>(bytes, out),
-        GgmlType::F16 => run::<f16>(bytes, out),
-        GgmlType::BF16 => run::<bf16>(bytes, out),
-        GgmlType::Q4_0 => run::<BlockQ4_0>(bytes, out),
-        GgmlType::Q4_1 => run::<BlockQ4_1>(bytes, out),
-        GgmlType::Q5_0 => run::<BlockQ5_0>(bytes, out),
-        GgmlType::Q5_1 => run::<BlockQ5_1>(bytes, out),
-        GgmlType::Q8_0 => run::<BlockQ8_0>(bytes, out),
-        GgmlType::Q8_1 => run::<BlockQ8_1>(bytes, out),
-        GgmlType::Q2_K => run::<BlockQ2K>(bytes, out),
-        GgmlType::Q3_K => run::<BlockQ3K>(bytes, out),
-        GgmlType::Q4_K => run::<BlockQ4K>(bytes, out),
-        GgmlType::Q5_K => run::<BlockQ5K>(bytes, out),
-        GgmlType::Q6_K => run::<BlockQ6K>(bytes, out),
-        GgmlType::Q8_K => run::<BlockQ8K>(bytes, out),
-        _ => unreachable!("dispatch_size covers exactly these types"),
-    }
+    with_block!(dtype, T => run::<T>(bytes, out));
     Ok(())
+}
+
+/// Values decoded per chunk by [`fold_chunks`]: 64 KiB of f32, so a chunk stays in L2.
+const CHUNK_VALUES: usize = 16 * 1024;
+
+/// Decodes `bytes` in cache-sized chunks on all cores and folds each chunk into a per-thread
+/// accumulator, never materialising the whole tensor: `fold(acc, values)` sees every value once, in
+/// order within a thread. Returns the accumulators (one per thread, in tensor order).
+pub fn fold_chunks<R: Send>(
+    name: &str,
+    dtype: GgmlType,
+    bytes: &[u8],
+    init: impl Fn() -> R + Sync,
+    fold: impl Fn(&mut R, &[f32]) + Sync,
+) -> Result<Vec<R>, DequantError> {
+    check(name, dtype, bytes)?;
+    let out = with_block!(dtype, T => fold_run::<T, R>(bytes, &init, &fold));
+    out.ok_or_else(|| DequantError::Unsupported {
+        tensor: name.to_string(),
+        dtype: dtype.name.to_string(),
+    })
 }
 
 /// Dequantizes into a new vector.
@@ -115,14 +174,15 @@ fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// Reinterprets `bytes` as blocks of `T` (copying only when misaligned) and decodes them in parallel.
-fn run<T: CandleBlock>(bytes: &[u8], out: &mut [f32]) {
+/// `bytes` as blocks of `T`: borrowed when aligned, copied when not.
+fn as_blocks<T: CandleBlock>(bytes: &[u8]) -> std::borrow::Cow<'_, [T]> {
     let n_blocks = bytes.len() / std::mem::size_of::<T>();
-    let owned: Vec<T>;
-    let blocks: &[T] = if (bytes.as_ptr() as usize) % std::mem::align_of::<T>() == 0 {
+    if (bytes.as_ptr() as usize) % std::mem::align_of::<T>() == 0 {
         // SAFETY: the candle block types are `repr(C)` structs of integers, f16 and f32 (or those
         // scalars themselves), valid for every bit pattern; length and alignment were checked.
-        unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, n_blocks) }
+        std::borrow::Cow::Borrowed(unsafe {
+            std::slice::from_raw_parts(bytes.as_ptr() as *const T, n_blocks)
+        })
     } else {
         let mut v: Vec<T> = Vec::with_capacity(n_blocks);
         // SAFETY: as above; the destination has capacity for n_blocks and is then fully initialised.
@@ -130,9 +190,51 @@ fn run<T: CandleBlock>(bytes: &[u8], out: &mut [f32]) {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr() as *mut u8, bytes.len());
             v.set_len(n_blocks);
         }
-        owned = v;
-        &owned
+        std::borrow::Cow::Owned(v)
+    }
+}
+
+fn fold_run<T: CandleBlock, R: Send>(
+    bytes: &[u8],
+    init: &(impl Fn() -> R + Sync),
+    fold: &(impl Fn(&mut R, &[f32]) + Sync),
+) -> Vec<R> {
+    let blocks = as_blocks::<T>(bytes);
+    let blocks: &[T] = &blocks;
+    let per_chunk = (CHUNK_VALUES / T::BLCK_SIZE).max(1);
+    let work = |part: &[T]| {
+        let mut acc = init();
+        let mut buf = vec![0f32; per_chunk * T::BLCK_SIZE];
+        for chunk in part.chunks(per_chunk) {
+            let out = &mut buf[..chunk.len() * T::BLCK_SIZE];
+            T::to_float(chunk, out);
+            fold(&mut acc, out);
+        }
+        acc
     };
+    let n_values = blocks.len() * T::BLCK_SIZE;
+    let n_threads = threads().min(n_values / PARALLEL_MIN).max(1);
+    if n_threads == 1 {
+        return vec![work(blocks)];
+    }
+    let per_thread = blocks.len().div_ceil(n_threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = blocks
+            .chunks(per_thread)
+            .map(|part| s.spawn(move || work(part)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
+}
+
+/// Decodes blocks of `T` into `out` in parallel.
+fn run<T: CandleBlock>(bytes: &[u8], out: &mut [f32]) {
+    let blocks = as_blocks::<T>(bytes);
+    let blocks: &[T] = &blocks;
+    let n_blocks = blocks.len();
     let per_block = T::BLCK_SIZE;
     let n_threads = threads().min(out.len() / PARALLEL_MIN).max(1);
     if n_threads == 1 {

@@ -61,6 +61,27 @@ impl<'a> TensorRef<'a> {
         dequant::dequantize_into(&self.info.name, self.info.dtype, bytes, out)
     }
 
+    /// Decodes in cache-sized chunks on all cores, folding values into per-thread accumulators
+    /// without materialising the tensor (see [`dequant::fold_chunks`]).
+    pub fn fold_chunks<R: Send>(
+        &self,
+        init: impl Fn() -> R + Sync,
+        fold: impl Fn(&mut R, &[f32]) + Sync,
+    ) -> Result<Vec<R>, DequantError> {
+        let bytes = self.bytes();
+        if bytes.len() as u64 != self.info.n_bytes {
+            return Err(DequantError::Bad {
+                tensor: self.info.name.clone(),
+                reason: format!(
+                    "{} bytes expected, {} readable",
+                    self.info.n_bytes,
+                    bytes.len()
+                ),
+            });
+        }
+        dequant::fold_chunks(&self.info.name, self.info.dtype, bytes, init, fold)
+    }
+
     /// Rows `start..start + len` of the outermost dimension (`ne[last]`) as f32: one expert of a
     /// stacked expert tensor, say, without decoding the others.
     pub fn dequantize_outer(&self, start: u64, len: u64) -> Result<Vec<f32>, DequantError> {
