@@ -279,7 +279,7 @@ pub fn wrong_dim_cut(p: &ParamPlan, dims: &[usize], tp: usize, rank: usize) -> O
     }
     let right = p.shard_dim?;
     let d = (0..dims.len()).rev().find(|&d| {
-        d != right && dims[d] % tp == 0 && dims[d] >= tp && !(dims.len() == 3 && d == 0)
+        d != right && dims[d].is_multiple_of(tp) && dims[d] >= tp && !(dims.len() == 3 && d == 0)
     })?;
     let per = dims[d] / tp;
     Some(Cut {

@@ -128,7 +128,7 @@ fn cuts_for(
         return (None, Vec::new());
     }
     let mut need = |n: usize, what: &str| {
-        if n % tp != 0 {
+        if !n.is_multiple_of(tp) {
             problems.push(format!("{what} {n} is not divisible by tp={tp}"));
         }
     };
@@ -348,7 +348,7 @@ fn plan_param(
 /// q_b_proj, kv_b_proj and o_proj must give every rank the same heads.
 fn check_head_alignment(params: &mut [ParamPlan], c: &Config, tp: usize) {
     let h = c.num_attention_heads;
-    if h % tp != 0 {
+    if !h.is_multiple_of(tp) {
         for p in params.iter_mut().filter(|p| is_attn_head_param(p)) {
             p.problems.push(format!(
                 "{h} attention heads cannot be split over tp={tp}: a rank would hold part of a head"

@@ -105,7 +105,7 @@ fn check(name: &str, dtype: GgmlType, bytes: &[u8]) -> Result<usize, DequantErro
             dtype.type_size
         )));
     }
-    if bytes.len() % block_bytes != 0 {
+    if !bytes.len().is_multiple_of(block_bytes) {
         return Err(bad(format!(
             "{} bytes is not a whole number of {dtype} blocks ({block_bytes} bytes each)",
             bytes.len()
@@ -177,7 +177,7 @@ fn threads() -> usize {
 /// `bytes` as blocks of `T`: borrowed when aligned, copied when not.
 fn as_blocks<T: CandleBlock>(bytes: &[u8]) -> std::borrow::Cow<'_, [T]> {
     let n_blocks = bytes.len() / std::mem::size_of::<T>();
-    if (bytes.as_ptr() as usize) % std::mem::align_of::<T>() == 0 {
+    if (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) {
         // SAFETY: the candle block types are `repr(C)` structs of integers, f16 and f32 (or those
         // scalars themselves), valid for every bit pattern; length and alignment were checked.
         std::borrow::Cow::Borrowed(unsafe {

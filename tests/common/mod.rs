@@ -110,7 +110,7 @@ pub fn write_real_dims(path: &std::path::Path, big: GgmlType) {
     let mut tensors = Vec::new();
     let mut add = |name: String, shape: Vec<usize>| {
         let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
-        let dtype = if shape.len() == 1 || ne[0] % big.block_size != 0 {
+        let dtype = if shape.len() == 1 || !ne[0].is_multiple_of(big.block_size) {
             GgmlType::F32
         } else {
             big
