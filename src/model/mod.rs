@@ -181,7 +181,7 @@ fn validate(c: &Config) -> Result<(), ModelError> {
             c.scoring_func
         ));
     }
-    if c.qk_rope_head_dim % 2 != 0 || c.qk_rope_head_dim == 0 {
+    if !c.qk_rope_head_dim.is_multiple_of(2) || c.qk_rope_head_dim == 0 {
         return bad(format!(
             "qk_rope_head_dim {} must be even and positive",
             c.qk_rope_head_dim
@@ -194,7 +194,7 @@ fn validate(c: &Config) -> Result<(), ModelError> {
         ));
     }
     if c.num_hidden_layers > c.first_k_dense_replace {
-        if c.n_group == 0 || c.n_routed_experts % c.n_group != 0 {
+        if c.n_group == 0 || !c.n_routed_experts.is_multiple_of(c.n_group) {
             return bad(format!(
                 "{} experts do not split into {} groups",
                 c.n_routed_experts, c.n_group
