@@ -6,11 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use candle_core::Tensor;
 use serde::Serialize;
 
+use crate::arch::glm_dsa::TpStyle;
 use crate::compare::{diff, dump_dtype_rel_l2, quant_rel_l2_bound};
 use crate::dump::{DumpError, DumpTensor, RankDump};
 use crate::faults::{explain, Evidence, Explanation, Fault};
-use crate::plan::{check_ranges, check_reassembly, per_expert, ParamPlan, ShardPlan};
-use crate::scan::Stats;
+use crate::plan::{check_ranges, check_reassembly, ParamPlan, ShardPlan};
+use crate::scan::{stream_stats, Stats};
 use crate::weights::{WeightError, Weights};
 
 fn values(t: &Tensor) -> candle_core::Result<Vec<f32>> {
@@ -32,6 +33,9 @@ pub struct VerifyRow {
     pub inf: u64,
     /// Shards concatenate back to the full tensor (and padding is zero).
     pub reassembles: bool,
+    /// How that was checked: "data" (cut, concatenated and compared) or "ranges" (the cuts tile the
+    /// tensor exactly once; for stacked experts and tensors too large to copy).
+    pub reassembly_check: &'static str,
     pub problems: Vec<String>,
 }
 
@@ -44,11 +48,14 @@ pub struct VerifyReport {
     pub ok: bool,
 }
 
-/// Above this many values a tensor's shards are checked from their ranges, not by copying data.
-const DATA_CHECK_MAX: usize = 1 << 28;
+/// Above this many values a tensor is scanned in streaming chunks and its shards are checked from
+/// their ranges, not by copying data.
+const DATA_CHECK_MAX: usize = 1 << 26;
 
-/// Dequantizes every planned parameter (one at a time; stacked experts one expert at a time, so memory
-/// stays bounded by the largest non-expert tensor) and checks it. `tick(bytes)` reports progress.
+/// Dequantizes every planned parameter and checks it. Stacked experts and very large tensors are
+/// decoded in cache-sized chunks straight into the statistics (never materialised), so memory stays
+/// bounded by the largest other tensor; the next parameter's bytes are read ahead meanwhile.
+/// `tick(bytes)` reports progress.
 pub fn verify(
     w: &Weights<'_>,
     plan: &ShardPlan,
@@ -57,56 +64,57 @@ pub fn verify(
     let start = std::time::Instant::now();
     let mut rows = Vec::with_capacity(plan.params.len());
     let mut bytes = 0;
-    for p in &plan.params {
-        let src_bytes: u64 = p
-            .gguf
-            .iter()
-            .filter_map(|n| w.model.tensor(n))
-            .map(|t| t.info.n_bytes)
-            .sum();
+    let sources = |p: &ParamPlan| -> Vec<crate::gguf::TensorRef<'_>> {
+        p.gguf.iter().filter_map(|n| w.model.tensor(n)).collect()
+    };
+    for (i, p) in plan.params.iter().enumerate() {
+        if let Some(next) = plan.params.get(i + 1) {
+            sources(next).iter().for_each(|t| t.prefetch());
+        }
+        let src = sources(p);
+        let src_bytes: u64 = src.iter().map(|t| t.info.n_bytes).sum();
+        let n_values: usize = p.full_shape.iter().product();
         let mut problems = p.problems.clone();
-        let mut stats = Stats::default();
         if let Err(e) = check_ranges(p) {
             problems.push(e);
         }
-        let mut check = |t: &Tensor, p: &ParamPlan, problems: &mut Vec<String>| {
-            match values(t) {
-                Ok(v) => stats.add(&v),
-                Err(e) => problems.push(e.to_string()),
+        let mut stats = Stats::default();
+        let streamed =
+            p.style == TpStyle::MoeW13 || p.style == TpStyle::MoeW2 || n_values > DATA_CHECK_MAX;
+        if streamed {
+            // The vLLM tensor's values are exactly its GGUF sources' values.
+            if src.len() != p.gguf.len() {
+                problems.push("GGUF source tensor(s) missing".into());
             }
-            if t.elem_count() <= DATA_CHECK_MAX {
-                if let Err(e) = check_reassembly(p, t, plan.tp) {
-                    problems.push(e);
+            for t in &src {
+                match stream_stats(*t) {
+                    Ok(s) => stats.merge(&s),
+                    Err(e) => problems.push(e.to_string()),
                 }
             }
-        };
-        match (per_expert(p), p.idx.layer) {
-            (Some(q), Some(layer)) => {
-                for e in 0..w.config.n_routed_experts {
-                    match expert_slice(w, p, layer, e) {
-                        Ok(t) => check(&t, &q, &mut problems),
-                        Err(err) => {
-                            problems.push(err.to_string());
-                            break;
-                        }
-                    }
-                }
-            }
-            _ => match w.vllm(&p.param) {
+        } else {
+            match w.vllm(&p.param) {
                 Err(e) => problems.push(e.to_string()),
                 Ok(full) => {
-                    check(&full, p, &mut problems);
+                    match values(&full) {
+                        Ok(v) => stats.add(&v),
+                        Err(e) => problems.push(e.to_string()),
+                    }
+                    if let Err(e) = check_reassembly(p, &full, plan.tp) {
+                        problems.push(e);
+                    }
                     if p.def.role() == Some(crate::arch::glm_dsa::Role::AttnKvB) {
                         if let Err(e) = check_kvb_layout(w, p, &full) {
                             problems.push(e);
                         }
                     }
                 }
-            },
+            }
         }
         if stats.nan + stats.inf > 0 {
             problems.push(format!("{} NaN and {} Inf values", stats.nan, stats.inf));
         }
+        src.iter().for_each(|t| t.release());
         bytes += src_bytes;
         tick(p, src_bytes);
         rows.push(VerifyRow {
@@ -119,6 +127,7 @@ pub fn verify(
             nan: stats.nan,
             inf: stats.inf,
             reassembles: problems.is_empty(),
+            reassembly_check: if streamed { "ranges" } else { "data" },
             problems,
         });
     }
@@ -130,29 +139,6 @@ pub fn verify(
         seconds: start.elapsed().as_secs_f64(),
         ok,
     }
-}
-
-/// One expert's slice of a stacked vLLM expert parameter: its HF parts concatenated.
-fn expert_slice(
-    w: &Weights<'_>,
-    p: &ParamPlan,
-    layer: usize,
-    e: usize,
-) -> Result<Tensor, WeightError> {
-    let idx = crate::arch::glm_dsa::Idx {
-        layer: Some(layer),
-        expert: Some(e),
-    };
-    let parts = p
-        .def
-        .parts
-        .iter()
-        .map(|t| w.hf(&crate::arch::glm_dsa::name(t, idx)))
-        .collect::<Result<Vec<_>, _>>()?;
-    Tensor::cat(&parts, p.def.cat_dim.saturating_sub(1)).map_err(|err| WeightError::Candle {
-        param: p.param.clone(),
-        err,
-    })
 }
 
 /// kv_b_proj read as vLLM's MLA absorption does (`W.T.view(kv_lora, H, nope + v)`, split [nope, v])

@@ -36,6 +36,16 @@ impl<'a> TensorRef<'a> {
         self.file.tensor_bytes(self.info)
     }
 
+    /// Unmaps this tensor's whole pages from the process (they stay in the page cache).
+    pub fn release(&self) {
+        self.file.release(self.info)
+    }
+
+    /// Starts reading this tensor's bytes in the background (madvise WILLNEED).
+    pub fn prefetch(&self) {
+        self.file.prefetch(self.info)
+    }
+
     /// The tensor as f32 values in ggml memory order (ne0 fastest).
     pub fn dequantize(&self) -> Result<Vec<f32>, DequantError> {
         let mut out = vec![0f32; self.info.n_elements() as usize];

@@ -146,6 +146,36 @@ impl GgufFile {
         self.data.bytes().get(start..end).unwrap_or(&[])
     }
 
+    /// Asks the kernel to start reading a tensor's bytes now (readahead while other work runs).
+    pub fn prefetch(&self, t: &TensorInfo) {
+        if let Storage::Mapped(m) = &self.data {
+            // Advice only: a failure changes nothing but speed.
+            let _ = m.advise_range(
+                memmap2::Advice::WillNeed,
+                t.abs_offset as usize,
+                t.n_bytes as usize,
+            );
+        }
+    }
+
+    /// Drops a tensor's pages from this process's mapping once a scan is done with them (the page
+    /// cache keeps them), so a scan of a 400 GB file does not show 400 GB of resident memory.
+    pub fn release(&self, t: &TensorInfo) {
+        if let Storage::Mapped(m) = &self.data {
+            let page = 4096;
+            let start = (t.abs_offset as usize).div_ceil(page) * page;
+            let end = ((t.abs_offset + t.n_bytes) as usize) / page * page;
+            if end > start {
+                // SAFETY: the map is a read-only private file mapping that is never written, so
+                // MADV_DONTNEED only unmaps clean pages; a later access faults them back in from
+                // the file. Whole pages inside this tensor's range only. Advice failure is harmless.
+                let _ = unsafe {
+                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+                };
+            }
+        }
+    }
+
     /// Byte ranges of the file that hold tensor data, for read-bandwidth-aware scans.
     pub fn data_bytes(&self) -> u64 {
         self.tensors.iter().map(|t| t.n_bytes).sum()
