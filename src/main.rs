@@ -6,15 +6,18 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use glmcheck::activations::{self, forward as fwd, Activations, ComputeDtype, Tolerances};
 use glmcheck::arch::config::ConfigReader;
 use glmcheck::dump::RankDump;
 use glmcheck::faults::Fault;
 use glmcheck::gguf::GgufModel;
 use glmcheck::inspect::InspectReport;
+use glmcheck::model::{DsaMode, Glm5, ModelOptions};
 use glmcheck::plan::{ParamPlan, ShardPlan};
+use glmcheck::tokenizer::GgufTokenizer;
 use glmcheck::weights::Weights;
 use glmcheck::{report, scan, shards};
 
@@ -25,6 +28,8 @@ Examples:
   glmcheck inspect fixtures/tiny/tiny-Q4_K_M.gguf
   glmcheck inspect GLM-5-UD-Q4_K_XL-00001-of-00010.gguf --json
   glmcheck dequant fixtures/tiny/tiny-Q8_0.gguf --tensor 'blk.1.*'
+  glmcheck forward fixtures/tiny/tiny-F32.gguf --prompt 'What is 2+2?'
+  glmcheck diff ref.safetensors cand.safetensors
   glmcheck completions bash > /etc/bash_completion.d/glmcheck";
 
 #[derive(Parser)]
@@ -166,6 +171,100 @@ Examples:
         #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "f16"])]
         dtype: String,
     },
+    /// Run GLM-5 from the GGUF on a prompt: tokens, top-5 next tokens, a greedy continuation, and
+    /// (with --reference) where its activations part from a reference dump, module by module.
+    ///
+    /// The forward follows transformers 5.23's GlmMoeDsaForCausalLM (MLA, DSA indexer, sigmoid
+    /// router with group limit). With --reference, every captured module is compared with the
+    /// reference's (rel-L2, cosine, max-abs), the indexer's top-k as sets with exact ties and
+    /// near-ties told apart from divergence (at a tie the reference's choice is replayed so that
+    /// later modules stay comparable), the logits by KL, top-1 agreement and entropy, and the first
+    /// module above tolerance is named with its inputs' status and a reading. Tolerances depend on
+    /// --dtype and the GGUF's coarsest weight type (measured on the fixtures); flags override them.
+    #[command(after_help = "Examples:
+  glmcheck forward fixtures/tiny/tiny-F32.gguf --prompt 'What is 2+2? Please answer the question. The answer is'
+  glmcheck forward fixtures/tiny/tiny-F32.gguf --tokens 294,266,220,17,10,17,30 --max-new-tokens 4
+  glmcheck forward fixtures/tiny/tiny-Q4_K_M.gguf --prompt \"$(cat prompt.txt)\" \\
+      --reference fixtures/tiny/activations/prompt0.safetensors --json | jq .first_divergence
+  glmcheck forward model.gguf --prompt 'Hello' --dsa dense --dump /tmp/dense.safetensors
+  glmcheck diff /tmp/sparse.safetensors /tmp/dense.safetensors
+
+--prompt is tokenized with the GGUF's own tokenizer, nothing added (no [gMASK]<sop>; type it if
+wanted). With --reference the token ids must be the reference's (its `token_ids` metadata).
+
+Exit codes: 0 within tolerance (or no --reference), 1 diverged, 2 unreadable input or bad arguments.")]
+    Forward {
+        /// The GGUF file (or any part of a split set).
+        file: PathBuf,
+        /// Text to tokenize with the GGUF's tokenizer.
+        #[arg(long, conflicts_with = "tokens", required_unless_present = "tokens")]
+        prompt: Option<String>,
+        /// Token ids, comma-separated (bypasses the tokenizer).
+        #[arg(long, value_name = "IDS")]
+        tokens: Option<String>,
+        /// An activation dump to compare with (fixtures/tiny/activations/prompt0.safetensors, a
+        /// transformers hook dump, or another glmcheck --dump).
+        #[arg(long, value_name = "ACTS.safetensors")]
+        reference: Option<PathBuf>,
+        /// Write every captured module output (safetensors; execution order, token ids and prompt
+        /// in the metadata). Written to a temp file and renamed; never over an input.
+        #[arg(long, value_name = "OUT.safetensors")]
+        dump: Option<PathBuf>,
+        /// sparse: the DSA indexer restricts attention (GLM-5, transformers); dense: plain causal
+        /// attention, as a deployment with the indexer disabled.
+        #[arg(long, default_value = "sparse", value_parser = ["sparse", "dense"])]
+        dsa: String,
+        /// Compute dtype.
+        #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+        dtype: String,
+        /// Tokens of greedy continuation (the full forward is recomputed per token).
+        #[arg(long, default_value_t = 8)]
+        max_new_tokens: usize,
+        #[command(flatten)]
+        tol: TolFlags,
+        /// List every compared capture, auxiliary ones (tuple elements, aliases) included.
+        #[arg(long)]
+        all: bool,
+        /// Print JSON: {"tokens", "top", "continuation", "modules": [{"name", "rel_l2", "cosine",
+        /// "max_abs", ...}], "logits": {"kl_mean", "kl_max", "top1_agree", "max_abs", ...},
+        /// "first_divergence": null | {"module", "layer", "inputs", "reading"}, "verdict", ...}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Compare two activation dumps module by module and name the first divergence.
+    ///
+    /// REF and CAND are safetensors dumps under HF module paths: glmcheck's (forward --dump) or
+    /// transformers forward hooks' (the fixtures' layout). Same comparison as forward --reference:
+    /// per-module rel-L2/cosine/max-abs, indexer top-k with ties told apart, router choices, logits
+    /// KL/top-1/entropy. Without replay, positions after a differing tie-break are left out of later
+    /// modules (the model is causal), and the output says which. Tolerances come from CAND's
+    /// metadata (glmcheck.dtype, glmcheck.weights; else f32 / F32) unless --dtype/--weights say.
+    #[command(after_help = "Examples:
+  glmcheck diff fixtures/tiny/activations/prompt0.safetensors /tmp/glmcheck-prompt0.safetensors
+  glmcheck diff ref.safetensors cand.safetensors --weights Q4_K --dtype bf16 --json
+  glmcheck diff ref.safetensors cand.safetensors --rel-l2 1e-3
+
+Exit codes: 0 within tolerance, 1 diverged, 2 unreadable input or dumps of different tokens.")]
+    Diff {
+        /// The reference dump (taken as the truth).
+        reference: PathBuf,
+        /// The candidate dump.
+        candidate: PathBuf,
+        /// Compute dtype the candidate ran in (for the tolerances).
+        #[arg(long, value_parser = ["f32", "bf16", "f16"])]
+        dtype: Option<String>,
+        /// Coarsest weight type of the candidate's model (F32, BF16, Q8_0, Q4_K, …).
+        #[arg(long, value_name = "TYPE")]
+        weights: Option<String>,
+        #[command(flatten)]
+        tol: TolFlags,
+        /// List every compared capture, auxiliary ones included.
+        #[arg(long)]
+        all: bool,
+        /// Print JSON: {"verdict", "modules", "logits", "first_divergence", "exclusions", ...}.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print a shell completion script.
     #[command(after_help = "Example:
   glmcheck completions zsh > ~/.zfunc/_glmcheck")]
@@ -173,6 +272,69 @@ Examples:
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
+}
+
+/// Overrides of the comparison tolerances.
+#[derive(Args, Debug, Clone, Default)]
+struct TolFlags {
+    /// Largest rel-L2 of a float module.
+    #[arg(long, value_name = "X")]
+    rel_l2: Option<f64>,
+    /// Largest mean KL(ref ‖ cand) of the next-token distributions, nats.
+    #[arg(long, value_name = "X")]
+    kl_mean: Option<f64>,
+    /// Largest per-position KL, nats.
+    #[arg(long, value_name = "X")]
+    kl_max: Option<f64>,
+    /// Smallest fraction of positions whose top-1 token agrees (0..1).
+    #[arg(long, value_name = "X")]
+    top1_min: Option<f64>,
+    /// Index-score noise, relative to a row's largest score: top-k swaps with a smaller margin are near-ties.
+    #[arg(long, value_name = "X")]
+    score_noise: Option<f64>,
+    /// Largest fraction of tokens whose routed experts may differ while the router logits agree.
+    #[arg(long, value_name = "X")]
+    router_flips: Option<f64>,
+}
+
+impl TolFlags {
+    fn apply(&self, mut t: Tolerances) -> Tolerances {
+        let mut changed = Vec::new();
+        let mut set = |slot: &mut f64, v: Option<f64>, name: &str| {
+            if let Some(v) = v {
+                *slot = v;
+                changed.push(name.to_string());
+            }
+        };
+        set(&mut t.rel_l2, self.rel_l2, "rel-l2");
+        set(&mut t.kl_mean, self.kl_mean, "kl-mean");
+        set(&mut t.kl_max, self.kl_max, "kl-max");
+        set(&mut t.top1_min, self.top1_min, "top1-min");
+        set(&mut t.score_noise, self.score_noise, "score-noise");
+        set(&mut t.router_flip_max, self.router_flips, "router-flips");
+        if !changed.is_empty() {
+            t.basis
+                .push_str(&format!("; overridden: {}", changed.join(", ")));
+        }
+        t
+    }
+}
+
+/// `1,2,3` → ids.
+fn parse_tokens(s: &str) -> anyhow::Result<Vec<u32>> {
+    let ids = s
+        .split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(|x| {
+            x.parse::<u32>()
+                .map_err(|_| anyhow::anyhow!("--tokens: `{x}` is not a token id"))
+        })
+        .collect::<anyhow::Result<Vec<u32>>>()?;
+    if ids.is_empty() {
+        anyhow::bail!("--tokens: no token ids given");
+    }
+    Ok(ids)
 }
 
 /// What a command found, mapped to the exit code.
@@ -261,11 +423,7 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
             let mut buf = Vec::new();
             for t in selected {
                 bar.set_message(t.info.name.clone());
-                rows.push(if *stream {
-                    scan::scan_tensor_streaming(t, *repeat)
-                } else {
-                    scan::scan_tensor(t, *repeat, &mut buf)
-                });
+                rows.push(scan::scan_tensor(t, *repeat, *stream, &mut buf));
                 bar.inc(t.info.n_bytes);
             }
             bar.finish_and_clear();
@@ -416,6 +574,143 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                 );
             }
             Ok(Outcome::Ok)
+        }
+        Command::Forward {
+            file,
+            prompt,
+            tokens,
+            reference,
+            dump,
+            dsa,
+            dtype,
+            max_new_tokens,
+            tol,
+            all,
+            json,
+        } => {
+            let dtype = ComputeDtype::parse(dtype).unwrap_or(ComputeDtype::F32);
+            let dsa = if dsa == "dense" {
+                DsaMode::Dense
+            } else {
+                DsaMode::Sparse
+            };
+            let model = open(file)?;
+            let tokenizer = match (GgufTokenizer::from_gguf(&model), prompt) {
+                (Ok(t), _) => Some(t),
+                (Err(e), Some(_)) => return Err(e).context("--prompt needs the GGUF's tokenizer"),
+                (Err(e), None) => {
+                    if !cli.quiet {
+                        eprintln!("glmcheck: warning: no token texts: {e}");
+                    }
+                    None
+                }
+            };
+            let ids = match (prompt, tokens, &tokenizer) {
+                (Some(p), _, Some(t)) => t.encode(p)?,
+                (_, Some(s), _) => parse_tokens(s)?,
+                _ => anyhow::bail!("give --prompt TEXT or --tokens IDS"),
+            };
+            if ids.is_empty() {
+                anyhow::bail!("the prompt gives no tokens");
+            }
+            let ref_acts = match reference {
+                Some(r) => {
+                    let acts = Activations::load(r)?;
+                    if let Some(rt) = &acts.tokens {
+                        if *rt != ids {
+                            anyhow::bail!(
+                                "{} was made from tokens {:?}, this run has {:?}: pass --tokens {} to compare",
+                                r.display(),
+                                rt,
+                                ids,
+                                rt.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",")
+                            );
+                        }
+                    }
+                    Some(acts)
+                }
+                None => None,
+            };
+            let cfg = ConfigReader::read(&model, glmcheck::arch::ARCH)?.config;
+            let w = Weights::new(&model, &cfg, candle_core::Device::Cpu);
+            let glm = Glm5::load_with(
+                &w,
+                ModelOptions {
+                    dtype: dtype.candle(),
+                    dsa,
+                },
+            )?;
+            let weights = activations::weight_class(&model);
+            let spec = fwd::ForwardSpec {
+                dtype,
+                weights,
+                max_new_tokens: *max_new_tokens,
+                top: 5,
+                gguf: file.display().to_string(),
+                prompt: prompt.clone(),
+                tolerances: Some(tol.apply(Tolerances::for_profile(dtype, weights))),
+            };
+            let outcome = fwd::run(&glm, tokenizer.as_ref(), &ids, ref_acts.as_ref(), &spec)?;
+            if let Some(out) = dump {
+                let mut inputs: Vec<&std::path::Path> =
+                    model.parts.iter().map(|p| p.path.as_path()).collect();
+                if let Some(r) = reference {
+                    inputs.push(r);
+                }
+                outcome.capture.save(out, &inputs)?;
+                if !cli.quiet {
+                    eprintln!(
+                        "glmcheck: wrote {} captures to {}",
+                        outcome.capture.tensors.len(),
+                        out.display()
+                    );
+                }
+            }
+            if *json {
+                print_json(&report::forward::forward_json(&outcome))?;
+            } else {
+                print_text(&report::forward::forward_text(&outcome, *all))?;
+            }
+            Ok(match &outcome.comparison {
+                Some(c) if c.diverged() => Outcome::Finding,
+                _ => Outcome::Ok,
+            })
+        }
+        Command::Diff {
+            reference,
+            candidate,
+            dtype,
+            weights,
+            tol,
+            all,
+            json,
+        } => {
+            let r = Activations::load(reference)?;
+            let c = Activations::load(candidate)?;
+            let (meta_dtype, meta_weights) = activations::profile_of(&c);
+            let dtype = dtype
+                .as_deref()
+                .and_then(ComputeDtype::parse)
+                .unwrap_or(meta_dtype);
+            let weights = match weights {
+                Some(w) => glmcheck::gguf::GgmlType::from_name(w)
+                    .ok_or_else(|| anyhow::anyhow!("--weights: unknown GGML type `{w}`"))?,
+                None => meta_weights,
+            };
+            let opts = activations::CompareOptions {
+                tolerances: tol.apply(Tolerances::for_profile(dtype, weights)),
+            };
+            let cmp = activations::compare(&r, &c, &opts)?;
+            if *json {
+                print_json(&report::forward::diff_json(&cmp))?;
+            } else {
+                print_text(&report::forward::comparison_text(&cmp, *all))?;
+            }
+            Ok(if cmp.diverged() {
+                Outcome::Finding
+            } else {
+                Outcome::Ok
+            })
         }
         Command::Completions { shell } => {
             let mut cmd = Cli::command();

@@ -159,19 +159,33 @@ pub fn stats_of(values: &[f32]) -> (f64, f64, f64, u64, u64) {
     (s.absmax, s.mean(), s.std(), s.nan, s.inf)
 }
 
-/// Like [`scan_tensor`], but decoding in cache-sized chunks straight into the statistics (the way
-/// `shards --verify` scans expert stacks): no f32 copy of the tensor is ever made.
-pub fn scan_tensor_streaming(t: TensorRef<'_>, repeat: usize) -> TensorStats {
+/// Decodes one tensor `repeat` times (at least once) and reports its statistics and best decode
+/// time. `stream`: straight into the statistics in cache-sized chunks, never holding the f32 tensor
+/// (the way `shards --verify` scans expert stacks); otherwise into `buf` (grown as needed and reused
+/// across tensors, so memory stays bounded by the largest), statistics computed after the timing.
+pub fn scan_tensor(
+    t: TensorRef<'_>,
+    repeat: usize,
+    stream: bool,
+    buf: &mut Vec<f32>,
+) -> TensorStats {
     let i = t.info;
+    let n = i.n_elements() as usize;
     let mut best = f64::INFINITY;
-    let mut result = None;
+    let mut result: Option<Result<Stats, crate::gguf::DequantError>> = None;
     for _ in 0..repeat.max(1) {
         let start = Instant::now();
-        let r = stream_stats(t);
+        let r = if stream {
+            stream_stats(t)
+        } else {
+            if buf.len() < n {
+                buf.resize(n, 0.0);
+            }
+            t.dequantize_into(&mut buf[..n]).map(|()| Stats::default())
+        };
         best = best.min(start.elapsed().as_secs_f64());
         result = Some(r);
     }
-    let n = i.n_elements() as usize;
     let mut row = TensorStats {
         name: i.name.clone(),
         dtype: i.dtype,
@@ -188,7 +202,10 @@ pub fn scan_tensor_streaming(t: TensorRef<'_>, repeat: usize) -> TensorStats {
         error: None,
     };
     match result {
-        Some(Ok(s)) => {
+        Some(Ok(mut s)) => {
+            if !stream {
+                s.add(&buf[..n]);
+            }
             row.absmax = s.absmax;
             row.mean = s.mean();
             row.std = s.std();
@@ -203,61 +220,6 @@ pub fn scan_tensor_streaming(t: TensorRef<'_>, repeat: usize) -> TensorStats {
         None => {}
     }
     row
-}
-
-/// Decodes one tensor `repeat` times (at least once) into `buf` (grown as needed and reused across
-/// tensors, so memory stays bounded by the largest) and reports its statistics and best time.
-pub fn scan_tensor(t: TensorRef<'_>, repeat: usize, buf: &mut Vec<f32>) -> TensorStats {
-    let i = t.info;
-    let n = i.n_elements() as usize;
-    if buf.len() < n {
-        buf.resize(n, 0.0);
-    }
-    let out = &mut buf[..n];
-    let mut best = f64::INFINITY;
-    let mut result = None;
-    for _ in 0..repeat.max(1) {
-        let start = Instant::now();
-        let r = t.dequantize_into(out);
-        let secs = start.elapsed().as_secs_f64();
-        best = best.min(secs);
-        result = Some(r.map(|()| &*out));
-    }
-    let base = TensorStats {
-        name: i.name.clone(),
-        dtype: i.dtype,
-        shape: i.torch_shape(),
-        bytes: i.n_bytes,
-        elements: i.n_elements(),
-        absmax: 0.0,
-        mean: 0.0,
-        std: 0.0,
-        nan: 0,
-        inf: 0,
-        seconds: 0.0,
-        out_gbps: 0.0,
-        error: None,
-    };
-    match result {
-        Some(Ok(v)) => {
-            let (absmax, mean, std, nan, inf) = stats_of(v);
-            TensorStats {
-                absmax,
-                mean,
-                std,
-                nan,
-                inf,
-                seconds: best,
-                out_gbps: (n * 4) as f64 / best.max(1e-12) / 1e9,
-                ..base
-            }
-        }
-        Some(Err(e)) => TensorStats {
-            error: Some(e.to_string()),
-            ..base
-        },
-        None => base,
-    }
 }
 
 /// The tensors of `model` whose names match any of `globs` (all when empty), in file order.

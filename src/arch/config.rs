@@ -155,57 +155,47 @@ impl<'a> ConfigReader<'a> {
         self.model.value(key)
     }
 
-    fn uint(&mut self, field: &str, suffix: &str, default: usize) -> Result<usize, GgufError> {
+    /// Reads `prefix.suffix` with `extract` (None: wrong type, named `expected`), recording where the
+    /// value came from; a missing key takes `default`.
+    fn value_of<T>(
+        &mut self,
+        field: &str,
+        suffix: &str,
+        default: T,
+        expected: &str,
+        extract: impl Fn(&Value) -> Option<T>,
+    ) -> Result<T, GgufError> {
         let key = self.key(suffix);
         match self.raw(&key) {
             Some(v) => {
-                let n = v
-                    .as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| self.wrong_type(&key, "a non-negative integer"))?;
+                let x = extract(v).ok_or_else(|| self.wrong_type(&key, expected))?;
                 self.sources.push((field.into(), Source::Metadata(key)));
-                Ok(n)
+                Ok(x)
             }
             None => {
                 self.sources.push((field.into(), Source::Default(key)));
                 Ok(default)
             }
         }
+    }
+
+    fn uint(&mut self, field: &str, suffix: &str, default: usize) -> Result<usize, GgufError> {
+        self.value_of(field, suffix, default, "a non-negative integer", |v| {
+            v.as_u64().and_then(|n| usize::try_from(n).ok())
+        })
     }
 
     fn float(&mut self, field: &str, suffix: &str, default: f64) -> Result<f64, GgufError> {
-        let key = self.key(suffix);
-        match self.raw(&key) {
-            Some(v) => {
-                let f = match v {
-                    // The shortest decimal that round-trips the f32: 1e-5, not 9.999999747378752e-6.
-                    Value::F32(f) => f.to_string().parse().unwrap_or(*f as f64),
-                    Value::F64(f) => *f,
-                    _ => return Err(self.wrong_type(&key, "a float")),
-                };
-                self.sources.push((field.into(), Source::Metadata(key)));
-                Ok(f)
-            }
-            None => {
-                self.sources.push((field.into(), Source::Default(key)));
-                Ok(default)
-            }
-        }
+        self.value_of(field, suffix, default, "a float", |v| match v {
+            // The shortest decimal that round-trips the f32: 1e-5, not 9.999999747378752e-6.
+            Value::F32(f) => Some(f.to_string().parse().unwrap_or(*f as f64)),
+            Value::F64(f) => Some(*f),
+            _ => None,
+        })
     }
 
     fn boolean(&mut self, field: &str, suffix: &str, default: bool) -> Result<bool, GgufError> {
-        let key = self.key(suffix);
-        match self.raw(&key) {
-            Some(v) => {
-                let b = v.as_bool().ok_or_else(|| self.wrong_type(&key, "a bool"))?;
-                self.sources.push((field.into(), Source::Metadata(key)));
-                Ok(b)
-            }
-            None => {
-                self.sources.push((field.into(), Source::Default(key)));
-                Ok(default)
-            }
-        }
+        self.value_of(field, suffix, default, "a bool", Value::as_bool)
     }
 
     fn derived(&mut self, field: &str, how: &str) {

@@ -53,8 +53,8 @@ impl<'a> TensorRef<'a> {
         Ok(out)
     }
 
-    /// Decodes into a caller's buffer (of exactly `n_elements`), so a scan can reuse one allocation.
-    pub fn dequantize_into(&self, out: &mut [f32]) -> Result<(), DequantError> {
+    /// The tensor's bytes, checked to be all there.
+    fn whole_bytes(&self) -> Result<&'a [u8], DequantError> {
         let bytes = self.bytes();
         if bytes.len() as u64 != self.info.n_bytes {
             return Err(DequantError::Bad {
@@ -68,7 +68,12 @@ impl<'a> TensorRef<'a> {
                 ),
             });
         }
-        dequant::dequantize_into(&self.info.name, self.info.dtype, bytes, out)
+        Ok(bytes)
+    }
+
+    /// Decodes into a caller's buffer (of exactly `n_elements`), so a scan can reuse one allocation.
+    pub fn dequantize_into(&self, out: &mut [f32]) -> Result<(), DequantError> {
+        dequant::dequantize_into(&self.info.name, self.info.dtype, self.whole_bytes()?, out)
     }
 
     /// Decodes in cache-sized chunks on all cores, folding values into per-thread accumulators
@@ -78,18 +83,13 @@ impl<'a> TensorRef<'a> {
         init: impl Fn() -> R + Sync,
         fold: impl Fn(&mut R, &[f32]) + Sync,
     ) -> Result<Vec<R>, DequantError> {
-        let bytes = self.bytes();
-        if bytes.len() as u64 != self.info.n_bytes {
-            return Err(DequantError::Bad {
-                tensor: self.info.name.clone(),
-                reason: format!(
-                    "{} bytes expected, {} readable",
-                    self.info.n_bytes,
-                    bytes.len()
-                ),
-            });
-        }
-        dequant::fold_chunks(&self.info.name, self.info.dtype, bytes, init, fold)
+        dequant::fold_chunks(
+            &self.info.name,
+            self.info.dtype,
+            self.whole_bytes()?,
+            init,
+            fold,
+        )
     }
 
     /// Rows `start..start + len` of the outermost dimension (`ne[last]`) as f32: one expert of a
