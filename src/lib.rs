@@ -3,6 +3,7 @@
 //! Data flows one way: [`gguf`] (read, mmap) → [`arch`] (the one name table, config) → [`weights`]
 //! (logical tensors) → later stages. Commands are thin glue in the binary.
 
+pub mod activations;
 pub mod arch;
 pub mod compare;
 pub mod dump;
@@ -14,4 +15,5 @@ pub mod plan;
 pub mod report;
 pub mod scan;
 pub mod shards;
+pub mod tokenizer;
 pub mod weights;

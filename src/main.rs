@@ -182,11 +182,14 @@ Examples:
     /// module above tolerance is named with its inputs' status and a reading. Tolerances depend on
     /// --dtype and the GGUF's coarsest weight type (measured on the fixtures); flags override them.
     #[command(after_help = "Examples:
-  glmcheck forward fixtures/tiny/tiny-F32.gguf --prompt 'What is 2+2? Please answer the question. The answer is'
+  glmcheck forward fixtures/tiny/tiny-F32.gguf --prompt 'What is 2+2?'
   glmcheck forward fixtures/tiny/tiny-F32.gguf --tokens 294,266,220,17,10,17,30 --max-new-tokens 4
-  glmcheck forward fixtures/tiny/tiny-Q4_K_M.gguf --prompt \"$(cat prompt.txt)\" \\
+  P='What is 2+2? Please answer the question. The answer is'
+  glmcheck forward fixtures/tiny/tiny-Q4_K_M.gguf --prompt \"$P\" \\
       --reference fixtures/tiny/activations/prompt0.safetensors --json | jq .first_divergence
   glmcheck forward model.gguf --prompt 'Hello' --dsa dense --dump /tmp/dense.safetensors
+  glmcheck inject --fault kvb-concat --layer 1 --tp 8 --out /tmp/bad fixtures/tiny/tiny-F32.gguf
+  glmcheck forward fixtures/tiny/tiny-F32.gguf --prompt 'What is 2+2?' --tp 8 --weights-from /tmp/bad
   glmcheck diff /tmp/sparse.safetensors /tmp/dense.safetensors
 
 --prompt is tokenized with the GGUF's own tokenizer, nothing added (no [gMASK]<sop>; type it if
@@ -220,6 +223,15 @@ Exit codes: 0 within tolerance (or no --reference), 1 diverged, 2 unreadable inp
         /// Tokens of greedy continuation (the full forward is recomputed per token).
         #[arg(long, default_value_t = 8)]
         max_new_tokens: usize,
+        /// Simulate vLLM tensor parallel over N ranks (each rank its column/row-parallel shards,
+        /// partial sums all-reduced, vocab-parallel embedding and lm_head gathered). Without
+        /// --reference it is compared with the unsharded forward of the same file.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4096))]
+        tp: Option<u16>,
+        /// With --tp: the ranks' weights from DIR/rank<r>.safetensors (vLLM parameter names, as a
+        /// deployment holds them or `glmcheck inject` writes them) instead of the GGUF's cut.
+        #[arg(long, value_name = "DIR", requires = "tp")]
+        weights_from: Option<PathBuf>,
         #[command(flatten)]
         tol: TolFlags,
         /// List every compared capture, auxiliary ones (tuple elements, aliases) included.
@@ -584,6 +596,8 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
             dsa,
             dtype,
             max_new_tokens,
+            tp,
+            weights_from,
             tol,
             all,
             json,
@@ -641,6 +655,64 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                 },
             )?;
             let weights = activations::weight_class(&model);
+            let mut tol_weights = weights;
+            let mut notes = Vec::new();
+            let tp_model = match tp {
+                Some(tp) => {
+                    let tp = *tp as usize;
+                    let plan = ShardPlan::new(&model, &cfg, tp);
+                    let rank_dump = match weights_from {
+                        Some(dir) => {
+                            let d = RankDump::open(dir)?;
+                            if d.tp() != tp {
+                                anyhow::bail!(
+                                    "{} holds rank files up to rank {}, but --tp is {tp}",
+                                    dir.display(),
+                                    d.tp().saturating_sub(1)
+                                );
+                            }
+                            Some(d)
+                        }
+                        None => None,
+                    };
+                    let m = fwd::tp_model(&glm, &w, &plan, rank_dump.as_ref())?;
+                    notes.push(match weights_from {
+                        Some(dir) => format!(
+                            "simulated tp={tp}: the ranks' weights from {}{}",
+                            dir.display(),
+                            if m.missing_from_dump.is_empty() {
+                                String::new()
+                            } else {
+                                format!(
+                                    " ({} parameter(s) absent there, cut from the GGUF: {})",
+                                    m.missing_from_dump.len(),
+                                    m.missing_from_dump.join(", ")
+                                )
+                            }
+                        ),
+                        None => format!(
+                            "simulated tp={tp}: the ranks' shards cut from the GGUF as vLLM cuts them"
+                        ),
+                    });
+                    Some(m)
+                }
+                None => None,
+            };
+            // --tp without --reference: the truth is the unsharded forward of the same file, so
+            // only summation order may differ (the weight noise is the same on both sides).
+            let ref_acts = match (ref_acts, &tp_model) {
+                (Some(r), _) => Some(r),
+                (None, Some(_)) => {
+                    let mut cap = glmcheck::model::VecCapture::new();
+                    glm.forward(&ids, &mut cap)?;
+                    let mut a =
+                        Activations::from_capture(&cap, prompt.as_deref(), Default::default())?;
+                    a.source = format!("the unsharded forward of {}", file.display());
+                    tol_weights = glmcheck::gguf::GgmlType::F32;
+                    Some(a)
+                }
+                (None, None) => None,
+            };
             let spec = fwd::ForwardSpec {
                 dtype,
                 weights,
@@ -648,9 +720,15 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                 top: 5,
                 gguf: file.display().to_string(),
                 prompt: prompt.clone(),
-                tolerances: Some(tol.apply(Tolerances::for_profile(dtype, weights))),
+                tolerances: Some(tol.apply(Tolerances::for_profile(dtype, tol_weights))),
             };
-            let outcome = fwd::run(&glm, tokenizer.as_ref(), &ids, ref_acts.as_ref(), &spec)?;
+            let runner = match &tp_model {
+                Some(m) => fwd::Runner::Tp(m),
+                None => fwd::Runner::Plain(&glm),
+            };
+            let mut outcome =
+                fwd::run(&runner, tokenizer.as_ref(), &ids, ref_acts.as_ref(), &spec)?;
+            outcome.notes = notes;
             if let Some(out) = dump {
                 let mut inputs: Vec<&std::path::Path> =
                     model.parts.iter().map(|p| p.path.as_path()).collect();

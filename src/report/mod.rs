@@ -1,5 +1,7 @@
 //! Every renderer. Commands never format output themselves: they hand a report value to one of these.
 
+pub mod forward;
+
 use comfy_table::{presets, ContentArrangement, Table};
 
 use crate::inspect::InspectReport;

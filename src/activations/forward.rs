@@ -1,0 +1,317 @@
+//! `glmcheck forward` as a library call: run the model on a prompt, the next-token distribution, a
+//! greedy continuation, the capture as a dump, and (given a reference dump) the comparison, with
+//! the reference's top-k replayed at indexer ties ([`super::Aligner`]).
+
+use std::collections::BTreeMap;
+
+use candle_core::{DType, Tensor};
+use serde::Serialize;
+
+pub use super::tp::{Runner, TpModel};
+use super::{compare, meta, ActError, Activations, Aligner, CompareOptions, Comparison};
+use super::{ComputeDtype, Tolerances};
+use crate::gguf::GgmlType;
+use crate::model::{DsaMode, Glm5, ModelError, NoCapture};
+use crate::tokenizer::GgufTokenizer;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error(transparent)]
+    Model(Box<ModelError>),
+    #[error(transparent)]
+    Acts(Box<ActError>),
+    #[error("reading the logits back: {0}")]
+    Candle(Box<candle_core::Error>),
+}
+
+impl From<ModelError> for ForwardError {
+    fn from(e: ModelError) -> Self {
+        ForwardError::Model(Box::new(e))
+    }
+}
+
+impl From<ActError> for ForwardError {
+    fn from(e: ActError) -> Self {
+        ForwardError::Acts(Box::new(e))
+    }
+}
+
+impl From<candle_core::Error> for ForwardError {
+    fn from(e: candle_core::Error) -> Self {
+        ForwardError::Candle(Box::new(e))
+    }
+}
+
+/// The simulated tensor-parallel model (see [`super::tp`]).
+pub fn tp_model(
+    base: &Glm5,
+    w: &crate::weights::Weights,
+    plan: &crate::plan::ShardPlan,
+    dump: Option<&crate::dump::RankDump>,
+) -> Result<TpModel, super::tp::TpError> {
+    TpModel::new(base, w, plan, dump)
+}
+
+/// How to run.
+#[derive(Debug, Clone)]
+pub struct ForwardSpec {
+    pub dtype: ComputeDtype,
+    /// The GGUF's coarsest matrix type (for tolerances and the dump's metadata).
+    pub weights: GgmlType,
+    pub max_new_tokens: usize,
+    /// How many next-token candidates to list.
+    pub top: usize,
+    /// Recorded in the dump's metadata.
+    pub gguf: String,
+    pub prompt: Option<String>,
+    /// Tolerances for the comparison (`None`: [`Tolerances::for_profile`]).
+    pub tolerances: Option<Tolerances>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TopToken {
+    pub id: u32,
+    pub text: Option<String>,
+    pub prob: f64,
+}
+
+/// What DSA mode means for this prompt.
+#[derive(Debug, Clone, Serialize)]
+pub struct DsaNote {
+    pub mode: &'static str,
+    pub index_topk: usize,
+    pub tokens: usize,
+    /// Dense and sparse give the same output on this prompt.
+    pub identical: bool,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ForwardOutcome {
+    pub tokens: Vec<u32>,
+    pub token_texts: Option<Vec<String>>,
+    pub dtype: ComputeDtype,
+    pub weights: GgmlType,
+    pub dsa: DsaNote,
+    /// Next-token candidates after the last prompt token.
+    pub top: Vec<TopToken>,
+    /// Entropy of that distribution, nats, and log(vocab).
+    pub entropy: f64,
+    pub vocab: usize,
+    pub log_vocab: f64,
+    pub garbage: bool,
+    pub continuation_ids: Vec<u32>,
+    pub continuation: Option<String>,
+    /// Why the continuation stopped early, if it did.
+    pub stopped: Option<String>,
+    /// `"<indexer path>:<position>"` where the reference's top-k was replayed at a tie.
+    pub replayed: Vec<String>,
+    /// Simulated tensor-parallel degree (`None`: the unsharded forward).
+    pub tp: Option<usize>,
+    /// Notes on how the run was made (the simulated ranks' weight source, …).
+    pub notes: Vec<String>,
+    pub comparison: Option<Comparison>,
+    #[serde(skip)]
+    pub capture: Activations,
+}
+
+fn dsa_note(model: &Glm5, t: usize, new: usize) -> DsaNote {
+    let k = model.config().index_topk;
+    let dense = model.dsa_mode() == DsaMode::Dense;
+    let identical = t <= k;
+    let message = match (dense, identical) {
+        (true, true) => {
+            let mut m = format!(
+                "--dsa dense is identical to sparse on this prompt: with {t} tokens ≤ index_topk {k} the \
+                 indexer selects every visible key, so its mask equals the causal mask"
+            );
+            if t + new > k && new > 0 {
+                m.push_str(&format!(
+                    "; the continuation passes {k} tokens, from there on the two may differ"
+                ));
+            }
+            m
+        }
+        (true, false) => format!(
+            "--dsa dense differs from GLM-5's sparse attention on this prompt: positions ≥ {k} attend to \
+             every earlier key instead of their indexer's top-{k} (transformers runs sparse)"
+        ),
+        (false, true) => format!(
+            "sparse (DSA) attention; with {t} tokens ≤ index_topk {k} every visible key is selected, \
+             so it equals dense attention here"
+        ),
+        (false, false) => format!("sparse (DSA) attention: each query attends to its indexer's top-{k} keys"),
+    };
+    DsaNote {
+        mode: if dense { "dense" } else { "sparse" },
+        index_topk: k,
+        tokens: t,
+        identical,
+        message,
+    }
+}
+
+fn last_row(logits: &Tensor) -> Result<Vec<f32>, candle_core::Error> {
+    let (t, _) = logits.dims2()?;
+    logits
+        .narrow(0, t - 1, 1)?
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()
+}
+
+fn softmax(row: &[f32]) -> Vec<f64> {
+    let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let e: Vec<f64> = row.iter().map(|&x| (x as f64 - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.into_iter().map(|x| x / s).collect()
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = (0usize, f32::NEG_INFINITY);
+    for (i, &v) in row.iter().enumerate() {
+        if v > best.1 {
+            best = (i, v);
+        }
+    }
+    best.0 as u32
+}
+
+/// Runs the forward (and the comparison when `reference` is given).
+pub fn run(
+    runner: &Runner,
+    tokenizer: Option<&GgufTokenizer>,
+    tokens: &[u32],
+    reference: Option<&Activations>,
+    spec: &ForwardSpec,
+) -> Result<ForwardOutcome, ForwardError> {
+    let model = runner.base();
+    let tol = spec
+        .tolerances
+        .clone()
+        .unwrap_or_else(|| Tolerances::for_profile(spec.dtype, spec.weights));
+    let mut metadata = BTreeMap::new();
+    metadata.insert(
+        meta::PRODUCER.to_string(),
+        format!("glmcheck {}", env!("CARGO_PKG_VERSION")),
+    );
+    metadata.insert(meta::DTYPE.to_string(), spec.dtype.name().to_string());
+    metadata.insert(meta::WEIGHTS.to_string(), spec.weights.name.to_string());
+    metadata.insert(
+        meta::DSA.to_string(),
+        match model.dsa_mode() {
+            DsaMode::Dense => "dense",
+            DsaMode::Sparse => "sparse",
+        }
+        .to_string(),
+    );
+    metadata.insert(meta::GGUF.to_string(), spec.gguf.clone());
+
+    let (logits, capture, replayed) = match reference {
+        Some(r) => {
+            let mut cap = Aligner::new(r, tol.score_noise);
+            let logits = runner.forward(tokens, &mut cap)?;
+            (logits, cap.inner, cap.replayed)
+        }
+        None => {
+            let mut cap = crate::model::VecCapture::new();
+            let logits = runner.forward(tokens, &mut cap)?;
+            (logits, cap, Vec::new())
+        }
+    };
+    if !replayed.is_empty() {
+        metadata.insert(
+            meta::ALIGNED.to_string(),
+            serde_json::to_string(&replayed).unwrap_or_default(),
+        );
+    }
+    let mut capture = Activations::from_capture(&capture, spec.prompt.as_deref(), metadata)?;
+    if let Runner::Tp(m) = runner {
+        capture.source = format!("glmcheck forward (simulated tp={})", m.tp());
+    }
+
+    let row = last_row(&logits)?;
+    let probs = softmax(&row);
+    let mut order: Vec<usize> = (0..probs.len()).collect();
+    order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+    let text = |id: u32| tokenizer.and_then(|t| t.token_text(id));
+    let top = order
+        .iter()
+        .take(spec.top)
+        .map(|&i| TopToken {
+            id: i as u32,
+            text: text(i as u32),
+            prob: probs[i],
+        })
+        .collect();
+    let entropy = super::entropy(&row);
+    let vocab = row.len();
+
+    // Greedy continuation; the full forward is recomputed per token.
+    let ends = tokenizer.map(|t| t.end_ids()).unwrap_or_default();
+    let mut seq = tokens.to_vec();
+    let mut next = argmax(&row);
+    let mut continuation_ids = Vec::new();
+    let mut stopped = None;
+    for step in 0..spec.max_new_tokens {
+        continuation_ids.push(next);
+        seq.push(next);
+        if ends.contains(&next) {
+            stopped = Some(format!("end-of-generation token {next}"));
+            break;
+        }
+        if step + 1 == spec.max_new_tokens {
+            break;
+        }
+        if seq.len() >= model.config().max_position_embeddings.max(1) {
+            stopped = Some("max_position_embeddings reached".into());
+            break;
+        }
+        let l = runner.forward(&seq, &mut NoCapture)?;
+        next = argmax(&last_row(&l)?);
+    }
+    let continuation = match tokenizer {
+        Some(t) => t.decode(&continuation_ids).ok(),
+        None => None,
+    };
+    let token_texts = tokenizer.map(|t| {
+        tokens
+            .iter()
+            .map(|&id| t.token_text(id).unwrap_or_default())
+            .collect()
+    });
+
+    let comparison = match reference {
+        Some(r) => Some(compare(
+            r,
+            &capture,
+            &CompareOptions {
+                tolerances: tol.clone(),
+            },
+        )?),
+        None => None,
+    };
+    Ok(ForwardOutcome {
+        tokens: tokens.to_vec(),
+        token_texts,
+        dtype: spec.dtype,
+        weights: spec.weights,
+        dsa: dsa_note(model, tokens.len(), spec.max_new_tokens),
+        top,
+        entropy,
+        vocab,
+        log_vocab: (vocab as f64).ln(),
+        garbage: super::garbage(entropy, vocab),
+        continuation_ids,
+        continuation,
+        stopped,
+        replayed,
+        tp: match runner {
+            Runner::Tp(m) => Some(m.tp()),
+            Runner::Plain(_) => None,
+        },
+        notes: Vec::new(),
+        comparison,
+        capture,
+    })
+}

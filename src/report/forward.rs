@@ -1,0 +1,420 @@
+//! Renderers of `forward` and `diff`: the run's tokens and predictions, the per-module comparison
+//! table, the first divergence, and their JSON.
+
+use serde_json::{json, Value};
+
+use super::{num, table};
+use crate::activations::forward::ForwardOutcome;
+use crate::activations::{Comparison, ModuleRow, Role, Status, TieClass};
+
+fn quoted(s: &str) -> String {
+    format!("{s:?}")
+}
+
+fn opt(x: Option<f64>) -> String {
+    x.map_or("-".into(), num)
+}
+
+/// Human output of `forward`.
+pub fn forward_text(o: &ForwardOutcome, all_modules: bool) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "tokens ({}): {}\n",
+        o.tokens.len(),
+        o.tokens
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    ));
+    if let Some(texts) = &o.token_texts {
+        out.push_str(&format!(
+            "  {}\n",
+            texts
+                .iter()
+                .map(|t| quoted(t))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
+    }
+    out.push_str(&format!(
+        "compute {}, weights {} (coarsest matrix type); {}\n",
+        o.dtype.name(),
+        o.weights.name,
+        o.dsa.message
+    ));
+    for n in &o.notes {
+        out.push_str(&format!("{n}\n"));
+    }
+    out.push('\n');
+
+    out.push_str(&format!(
+        "next token after position {} (entropy {:.2} nats; uniform over {} tokens would be {:.2}):\n",
+        o.tokens.len().saturating_sub(1),
+        o.entropy,
+        o.vocab,
+        o.log_vocab
+    ));
+    let mut t = table(&["rank", "id", "token", "probability"]);
+    for (i, c) in o.top.iter().enumerate() {
+        t.add_row(vec![
+            (i + 1).to_string(),
+            c.id.to_string(),
+            c.text.as_deref().map_or("-".into(), quoted),
+            format!("{:.4}", c.prob),
+        ]);
+    }
+    out.push_str(&t.to_string());
+    out.push('\n');
+    if o.garbage {
+        out.push_str(
+            "warning: the next-token distribution is within 0.5 nats of uniform: the model outputs noise\n",
+        );
+    }
+    if !o.continuation_ids.is_empty() {
+        out.push_str(&format!(
+            "greedy continuation ({} token{}{}): {}  [{}]\n",
+            o.continuation_ids.len(),
+            if o.continuation_ids.len() == 1 {
+                ""
+            } else {
+                "s"
+            },
+            o.stopped
+                .as_deref()
+                .map_or(String::new(), |s| format!(", stopped at {s}")),
+            o.continuation
+                .as_deref()
+                .map_or("(no tokenizer in the GGUF)".into(), quoted),
+            o.continuation_ids
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
+    }
+    if let Some(c) = &o.comparison {
+        out.push('\n');
+        if !o.replayed.is_empty() {
+            out.push_str(&format!(
+                "replayed the reference's top-k at {} tie/near-tie row(s) so that later modules stay comparable: {}\n",
+                o.replayed.len(),
+                o.replayed.join(", ")
+            ));
+        }
+        out.push_str(&comparison_text(c, all_modules));
+    }
+    out
+}
+
+fn shown(r: &ModuleRow, all: bool) -> bool {
+    all || !r.aux || r.status != Status::Match
+}
+
+fn status_cell(r: &ModuleRow) -> String {
+    match &r.topk {
+        Some(t) if !t.rows.is_empty() => format!(
+            "{} ({} of {} positions differ)",
+            r.status.name(),
+            t.rows.len(),
+            t.positions
+        ),
+        _ => r.status.name().to_string(),
+    }
+}
+
+fn at(r: &ModuleRow) -> String {
+    match (&r.max_abs, &r.max_abs_at) {
+        (Some(m), Some(a)) => format!(
+            "{} at [{}]",
+            num(*m),
+            a.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        (Some(m), None) => num(*m),
+        _ => "-".into(),
+    }
+}
+
+/// The per-module table, the tie details, the logits and the first divergence.
+pub fn comparison_text(c: &Comparison, all_modules: bool) -> String {
+    let mut out = String::new();
+    let tol = &c.tolerances;
+    out.push_str(&format!(
+        "candidate {} vs reference {} ({} tokens)\ntolerances ({}): rel-L2 ≤ {}, KL mean ≤ {} / max ≤ {}, top-1 ≥ {:.0} %, top-k near-tie margin ≤ {} × row max, routed-expert flips ≤ {:.0} %\n",
+        c.candidate,
+        c.reference,
+        c.tokens.len(),
+        tol.basis,
+        num(tol.rel_l2),
+        num(tol.kl_mean),
+        num(tol.kl_max),
+        tol.top1_min * 100.0,
+        num(tol.score_noise),
+        tol.router_flip_max * 100.0
+    ));
+    let mut t = table(&[
+        "#", "module", "status", "rel-L2", "cosine", "max-abs", "note",
+    ]);
+    let mut hidden = 0;
+    for (i, r) in c.modules.iter().enumerate() {
+        if !shown(r, all_modules) {
+            hidden += 1;
+            continue;
+        }
+        let mut note = r.note.clone().unwrap_or_default();
+        if let Some(n) = r.positions_compared {
+            if !note.is_empty() {
+                note.push_str("; ");
+            }
+            note.push_str(&format!("{n} of {} positions compared", c.tokens.len()));
+        }
+        if let Some(tk) = &r.topk {
+            if !note.is_empty() {
+                note.push_str("; ");
+            }
+            note.push_str(&format!("overlap {:.3}", tk.overlap));
+        }
+        t.add_row(vec![
+            i.to_string(),
+            r.name.clone(),
+            status_cell(r),
+            opt(r.rel_l2),
+            r.cosine.map_or("-".into(), |x| format!("{x:.6}")),
+            at(r),
+            note,
+        ]);
+    }
+    out.push_str(&t.to_string());
+    out.push('\n');
+    if hidden > 0 {
+        out.push_str(&format!(
+            "({hidden} auxiliary captures within tolerance not shown: tuple elements, aliases, recomputed extras; --all shows them)\n"
+        ));
+    }
+
+    // Top-k differences, each with its margin and class.
+    let mut lines = Vec::new();
+    for r in c
+        .modules
+        .iter()
+        .filter(|r| r.role == Role::IndexerIds && !r.aux)
+    {
+        let Some(tk) = &r.topk else { continue };
+        for d in &tk.rows {
+            let class = match d.class {
+                TieClass::ExactTie => "exact tie (any choice among the tied keys is correct)",
+                TieClass::NearTie => "near-tie (margin below the noise of dtype and weights)",
+                TieClass::Divergence => "REAL DIVERGENCE",
+                TieClass::Unavailable => "unclassified (the reference has no index scores)",
+            };
+            let scores = match (d.kth, d.next, d.margin, d.noise) {
+                (Some(k), next, Some(m), Some(n)) => format!(
+                    "; k-th score {k:e}, (k+1)-th {}, swap margin {m:.3e} vs noise {n:.3e}",
+                    next.map_or("-".into(), |x| format!("{x:e}"))
+                ),
+                _ => String::new(),
+            };
+            lines.push(format!(
+                "  {} pos {}: {class}; only the reference chose {:?}, only the candidate {:?}{scores}{}",
+                r.name,
+                d.pos,
+                d.only_ref,
+                d.only_cand,
+                if d.replayed {
+                    " (replayed the reference's choice)"
+                } else {
+                    ""
+                }
+            ));
+        }
+    }
+    if !lines.is_empty() {
+        const SHOWN: usize = 12;
+        out.push_str("indexer top-k differences (causal keys only):\n");
+        let n = lines.len();
+        for l in lines
+            .into_iter()
+            .take(if all_modules { usize::MAX } else { SHOWN })
+        {
+            out.push_str(&l);
+            out.push('\n');
+        }
+        if n > SHOWN && !all_modules {
+            out.push_str(&format!(
+                "  … {} more (--all or --json lists them)\n",
+                n - SHOWN
+            ));
+        }
+    }
+    for e in &c.exclusions {
+        let what = match (e.from_on, e.positions.first()) {
+            (true, Some(p)) => format!("every position from {p} on"),
+            _ => format!(
+                "position{} {}",
+                if e.positions.len() == 1 { "" } else { "s" },
+                e.positions
+                    .iter()
+                    .map(|p| p.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        let why = if e.from_on {
+            "the model is causal, so earlier positions are unaffected"
+        } else {
+            "tokens are routed independently; their small spill-over into later positions stays within tolerance"
+        };
+        out.push_str(&format!(
+            "left out of every later comparison: {what}, after {} ({}; {why})\n",
+            e.module, e.cause
+        ));
+    }
+
+    if let Some(l) = &c.logits {
+        out.push_str(&format!(
+            "logits over {} position(s): KL(ref‖cand) mean {} max {} (position {}), top-1 agrees at {}/{} ({:.1} %), RMS Δp of the reference's top token {}, max-abs {}\n",
+            l.positions,
+            num(l.kl_mean),
+            num(l.kl_max),
+            l.kl_max_pos,
+            l.top1_agree_count,
+            l.positions,
+            l.top1_agree * 100.0,
+            num(l.rms_dp),
+            num(l.max_abs)
+        ));
+        out.push_str(&format!(
+            "next-token entropy {:.3} nats (reference {:.3}; uniform log V = {:.3}){}\n",
+            l.entropy_mean,
+            l.entropy_ref_mean,
+            l.log_vocab,
+            if l.garbage {
+                ": GARBAGE, the candidate's distribution is near uniform"
+            } else {
+                ""
+            }
+        ));
+    }
+    let list = |v: &[String]| -> String {
+        let mut s = v.iter().take(8).cloned().collect::<Vec<_>>().join(", ");
+        if v.len() > 8 {
+            s.push_str(&format!(", … ({} more)", v.len() - 8));
+        }
+        s
+    };
+    if !c.only_reference.is_empty() {
+        out.push_str(&format!(
+            "only in the reference ({}): {}\n",
+            c.only_reference.len(),
+            list(&c.only_reference)
+        ));
+    }
+    if !c.only_candidate.is_empty() {
+        out.push_str(&format!(
+            "only in the candidate ({}): {}\n",
+            c.only_candidate.len(),
+            list(&c.only_candidate)
+        ));
+    }
+    for n in &c.notes {
+        out.push_str(&format!("note: {n}\n"));
+    }
+    match &c.first_divergence {
+        None => out.push_str("first divergence: none\nverdict: within tolerance\n"),
+        Some(f) => {
+            out.push_str(&format!(
+                "first divergence: {}{}\n  {}\n",
+                f.module,
+                f.layer.map_or(String::new(), |l| format!(" (layer {l})")),
+                f.reading
+            ));
+            for i in &f.inputs {
+                out.push_str(&format!(
+                    "  input {}: {}{}\n",
+                    i.name,
+                    i.status.map_or("not in both dumps", |s| s.name()),
+                    i.rel_l2
+                        .map_or(String::new(), |x| format!(" (rel-L2 {})", num(x)))
+                ));
+            }
+            out.push_str("verdict: diverged\n");
+        }
+    }
+    out
+}
+
+/// `diff --json`.
+pub fn diff_json(c: &Comparison) -> Value {
+    json!({
+        "reference": c.reference,
+        "candidate": c.candidate,
+        "tokens": c.tokens,
+        "verdict": if c.diverged() { "diverged" } else { "within tolerance" },
+        "tolerances": c.tolerances,
+        "modules": c.modules,
+        "logits": c.logits,
+        "first_divergence": c.first_divergence,
+        "exclusions": c.exclusions,
+        "only_reference": c.only_reference,
+        "only_candidate": c.only_candidate,
+        "notes": c.notes,
+    })
+}
+
+/// `forward --json`: `{"tokens", "top", "continuation", "dsa", "modules", "logits",
+/// "first_divergence", "verdict", …}` (`modules` empty and `logits`, `first_divergence` null
+/// without `--reference`).
+pub fn forward_json(o: &ForwardOutcome) -> Value {
+    let (modules, logits, first, verdict, extra) = match &o.comparison {
+        Some(c) => (
+            serde_json::to_value(&c.modules).unwrap_or(Value::Null),
+            serde_json::to_value(&c.logits).unwrap_or(Value::Null),
+            serde_json::to_value(&c.first_divergence).unwrap_or(Value::Null),
+            if c.diverged() {
+                "diverged"
+            } else {
+                "within tolerance"
+            },
+            json!({
+                "reference": c.reference,
+                "tolerances": c.tolerances,
+                "exclusions": c.exclusions,
+                "only_reference": c.only_reference,
+                "only_candidate": c.only_candidate,
+                "notes": c.notes,
+            }),
+        ),
+        None => (
+            json!([]),
+            Value::Null,
+            Value::Null,
+            "no reference",
+            Value::Null,
+        ),
+    };
+    json!({
+        "tokens": o.tokens,
+        "token_texts": o.token_texts,
+        "dtype": o.dtype,
+        "weights": o.weights,
+        "dsa": o.dsa,
+        "top": o.top,
+        "entropy": o.entropy,
+        "log_vocab": o.log_vocab,
+        "garbage": o.garbage,
+        "continuation": o.continuation,
+        "continuation_ids": o.continuation_ids,
+        "stopped": o.stopped,
+        "replayed": o.replayed,
+        "tp": o.tp,
+        "notes": o.notes,
+        "modules": modules,
+        "logits": logits,
+        "first_divergence": first,
+        "verdict": verdict,
+        "comparison": extra,
+    })
+}
