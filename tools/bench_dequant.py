@@ -60,7 +60,7 @@ def cpu_name() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--glmcheck", default=str(ROOT / "target" / "release" / "glmcheck"))
-    ap.add_argument("--elements", type=int, default=1 << 25, help="values per benchmark tensor (default 32 Mi)")
+    ap.add_argument("--elements", type=int, default=1 << 27, help="values per benchmark tensor (default 128 Mi: the quantized source outgrows a 32 MiB L3)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "reports"))
     args = ap.parse_args()
@@ -200,6 +200,19 @@ def main() -> None:
         f"{end_to_end['speedup']:.1f}× gguf-py's decode time alone ({end_to_end['gguf_py_decode_seconds']:.3f} s).",
         "",
         f"Ceiling: numpy filling a preallocated f32 buffer of the same size runs at {write_ceiling_gbps:.2f} GB/s (one core).",
+        "",
+        "## Against the 20× target",
+        "",
+        f"The target (issue 5) was 20× gguf-py, quoted as ≈0.2 GB/s here, i.e. ≥ 4 GB/s: glmcheck decodes at "
+        f"{min(r['glmcheck_gbps'] for r in results.values()):.1f}–{max(r['glmcheck_gbps'] for r in results.values()):.1f} GB/s "
+        f"into a buffer ({min(r['glmcheck_stream_gbps'] for r in results.values()):.1f}–{max(r['glmcheck_stream_gbps'] for r in results.values()):.1f} GB/s streaming). "
+        f"In this run, on an otherwise idle machine, gguf-py decoded at {min(r['gguf_py_gbps'] for r in results.values()):.2f}–"
+        f"{max(r['gguf_py_gbps'] for r in results.values()):.2f} GB/s (the 0.2 GB/s figure was taken while cargo was compiling on "
+        "both cores), so the same-run ratios are the speed-up columns above; at least 20× (either mode): "
+        + (", ".join(q for q, r in results.items() if max(r["speedup"], r["stream_speedup"]) >= 20) or "none")
+        + ". The others cannot get there on this machine: into a buffer glmcheck runs at about the memory write "
+        "ceiling above, and streaming is bound by candle's scalar block decoders (BF16 or Q8_0 at 20× gguf-py would "
+        "need more f32 bytes per second than the fill ceiling).",
         "",
     ]
     (out / "dequant.md").write_text("\n".join(lines))
