@@ -223,6 +223,10 @@ Exit codes: 0 within tolerance (or no --reference), 1 diverged, 2 unreadable inp
         /// Tokens of greedy continuation (the full forward is recomputed per token).
         #[arg(long, default_value_t = 8)]
         max_new_tokens: usize,
+        /// Time N extra plain forwards of the prompt (no capture) and report the best
+        /// ("forward_seconds" in --json).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        bench: usize,
         /// Simulate vLLM tensor parallel over N ranks (each rank its column/row-parallel shards,
         /// partial sums all-reduced, vocab-parallel embedding and lm_head gathered). Without
         /// --reference it is compared with the unsharded forward of the same file.
@@ -596,6 +600,7 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
             dsa,
             dtype,
             max_new_tokens,
+            bench,
             tp,
             weights_from,
             tol,
@@ -721,6 +726,7 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                 gguf: file.display().to_string(),
                 prompt: prompt.clone(),
                 tolerances: Some(tol.apply(Tolerances::for_profile(dtype, tol_weights))),
+                bench: *bench,
             };
             let runner = match &tp_model {
                 Some(m) => fwd::Runner::Tp(m),

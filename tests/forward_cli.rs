@@ -96,6 +96,7 @@ fn spec(dtype: ComputeDtype, weights: glmcheck::gguf::GgmlType, new: usize) -> F
         gguf: "test".into(),
         prompt: None,
         tolerances: None,
+        bench: 0,
     }
 }
 

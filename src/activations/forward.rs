@@ -66,6 +66,8 @@ pub struct ForwardSpec {
     pub prompt: Option<String>,
     /// Tolerances for the comparison (`None`: [`Tolerances::for_profile`]).
     pub tolerances: Option<Tolerances>,
+    /// Time this many extra plain (uncaptured) forwards of the prompt and report the best.
+    pub bench: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -110,6 +112,9 @@ pub struct ForwardOutcome {
     pub tp: Option<usize>,
     /// Notes on how the run was made (the simulated ranks' weight source, …).
     pub notes: Vec<String>,
+    /// With `--bench N`: the best of N plain forwards of the prompt, seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forward_seconds: Option<f64>,
     pub comparison: Option<Comparison>,
     #[serde(skip)]
     pub capture: Activations,
@@ -281,6 +286,13 @@ pub fn run(
             .collect()
     });
 
+    let mut forward_seconds = None;
+    for _ in 0..spec.bench {
+        let start = std::time::Instant::now();
+        runner.forward(tokens, &mut NoCapture)?;
+        let s = start.elapsed().as_secs_f64();
+        forward_seconds = Some(forward_seconds.map_or(s, |b: f64| b.min(s)));
+    }
     let comparison = match reference {
         Some(r) => Some(compare(
             r,
@@ -311,6 +323,7 @@ pub fn run(
             Runner::Plain(_) => None,
         },
         notes: Vec::new(),
+        forward_seconds,
         comparison,
         capture,
     })

@@ -411,6 +411,7 @@ pub fn forward_json(o: &ForwardOutcome) -> Value {
         "replayed": o.replayed,
         "tp": o.tp,
         "notes": o.notes,
+        "forward_seconds": o.forward_seconds,
         "modules": modules,
         "logits": logits,
         "first_divergence": first,
