@@ -245,3 +245,62 @@ fn metadata_of_the_wrong_type_for_a_known_key() {
         ],
     );
 }
+
+#[test]
+fn a_tiny_file_declaring_a_huge_tensor_exits_2_under_a_memory_limit() {
+    // 1 KB file whose one F32 tensor claims 2^40 elements (4 TiB): must be refused from the header,
+    // without allocating or mapping what it claims, even with 256 MiB of address space.
+    let a: Vec<u8> = vec![0; 256];
+    let t = vec![WriteTensor {
+        name: "blk.0.attn_norm.weight".into(),
+        ne: vec![64],
+        dtype: GgmlType::F32,
+        data: Some(&a),
+    }];
+    let mut c = Cursor::new(Vec::new());
+    write_gguf(
+        &mut c,
+        &[(
+            "general.architecture".to_string(),
+            Value::String("glm-dsa".into()),
+        )],
+        &t,
+        32,
+    )
+    .unwrap();
+    let mut b = c.into_inner();
+    // header 24 | key "general.architecture" (8 + 20) | type 4 | value "glm-dsa" (8 + 7) | tensor name
+    // (8 + 22) | n_dims 4 | ne[0] …
+    let tinfo = 24 + (8 + 20) + 4 + (8 + 7);
+    let nd = tinfo + 8 + 22;
+    b[nd + 4..nd + 12].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    b.resize(1024, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.gguf");
+    std::fs::write(&path, &b).unwrap();
+    let Ok(prlimit) = which("prlimit") else {
+        panic!("prlimit (util-linux) is needed for this test");
+    };
+    let out = std::process::Command::new(prlimit)
+        .arg("--as=268435456")
+        .arg(env!("CARGO_BIN_EXE_glmcheck"))
+        .args(["inspect", path.to_str().unwrap()])
+        .output()
+        .expect("run under prlimit");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("runs past the end"), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("memory allocation"),
+        "{err}"
+    );
+}
+
+fn which(cmd: &str) -> Result<std::path::PathBuf, ()> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(cmd))
+        .find(|p| p.is_file())
+        .ok_or(())
+}

@@ -518,3 +518,52 @@ fn faults_are_still_named_when_the_gguf_is_quantized_and_the_dump_is_not() {
         );
     }
 }
+
+#[test]
+fn verify_works_on_a_read_only_gguf_and_inject_never_writes_over_an_input() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ro = dir.path().join("ro.gguf");
+    std::fs::copy(gguf("tiny-Q8_0"), &ro).unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let before = std::fs::read(&ro).unwrap();
+    let out = glmcheck(&[
+        "shards",
+        ro.to_str().unwrap(),
+        "--tp",
+        "2",
+        "--verify",
+        "-q",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read(&ro).unwrap(),
+        before,
+        "the model file is untouched"
+    );
+    // An output directory that holds the input under a rank file's name: refused, input intact.
+    let out_dir = dir.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let victim = out_dir.join("rank0.safetensors");
+    std::fs::copy(gguf("tiny-Q8_0"), &victim).unwrap();
+    let out = glmcheck(&[
+        "inject",
+        victim.to_str().unwrap(),
+        "--fault",
+        "none",
+        "--tp",
+        "2",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("refusing to overwrite"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        std::fs::read(&victim).unwrap(),
+        std::fs::read(gguf("tiny-Q8_0")).unwrap()
+    );
+}
