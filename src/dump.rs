@@ -111,7 +111,15 @@ impl RankDump {
         self.files.keys().next_back().map_or(0, |r| r + 1)
     }
 
-    /// Loads every float tensor of one rank.
+    /// Opens one rank's file (header parsed, data left in the map), if it exists.
+    pub fn open_rank(&self, rank: usize) -> Result<Option<RankFile>, DumpError> {
+        match self.files.get(&rank) {
+            Some(path) => RankFile::open(path).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Loads every float tensor of one rank into memory.
     pub fn load_rank(
         &self,
         rank: usize,
@@ -123,41 +131,99 @@ impl RankDump {
     }
 }
 
-/// Reads one safetensors file (memory-mapped, read-only).
-pub fn load_file(path: &Path) -> Result<BTreeMap<String, DumpTensor>, DumpError> {
-    let f = File::open(path).map_err(|err| DumpError::Io {
-        file: path.to_path_buf(),
-        err,
-    })?;
-    // SAFETY: read-only private map of a file glmcheck never writes.
-    let map = unsafe { Mmap::map(&f) }.map_err(|err| DumpError::Io {
-        file: path.to_path_buf(),
-        err,
-    })?;
-    let st = SafeTensors::deserialize(&map).map_err(|e| DumpError::Format {
-        file: path.to_path_buf(),
-        reason: e.to_string(),
-    })?;
-    let mut out = BTreeMap::new();
-    for (name, view) in st.tensors() {
-        let dtype = view.dtype();
-        if !matches!(dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16 | Dtype::F64) {
-            return Err(DumpError::Dtype {
-                file: path.to_path_buf(),
-                tensor: name,
-                dtype,
-            });
+/// One safetensors file, memory-mapped read-only; tensors are copied out one at a time (or one slice
+/// of the outermost dimension at a time), so a 50 GB rank file costs what one parameter costs.
+pub struct RankFile {
+    pub path: PathBuf,
+    map: Mmap,
+    data_start: usize,
+    meta: safetensors::tensor::Metadata,
+}
+
+impl RankFile {
+    pub fn open(path: &Path) -> Result<Self, DumpError> {
+        let io = |err| DumpError::Io {
+            file: path.to_path_buf(),
+            err,
+        };
+        let f = File::open(path).map_err(io)?;
+        // SAFETY: read-only private map of a file glmcheck never writes.
+        let map = unsafe { Mmap::map(&f) }.map_err(io)?;
+        let format = |e: safetensors::SafeTensorError| DumpError::Format {
+            file: path.to_path_buf(),
+            reason: e.to_string(),
+        };
+        // Full validation (header, offsets, sizes) once; then keep only the header.
+        SafeTensors::deserialize(&map).map_err(format)?;
+        let (n, meta) = SafeTensors::read_metadata(&map).map_err(format)?;
+        for (name, info) in meta.tensors() {
+            if !matches!(
+                info.dtype,
+                Dtype::F32 | Dtype::F16 | Dtype::BF16 | Dtype::F64
+            ) {
+                return Err(DumpError::Dtype {
+                    file: path.to_path_buf(),
+                    tensor: name,
+                    dtype: info.dtype,
+                });
+            }
         }
-        out.insert(
-            name,
-            DumpTensor {
-                dtype,
-                shape: view.shape().to_vec(),
-                data: view.data().to_vec(),
-            },
-        );
+        Ok(RankFile {
+            path: path.to_path_buf(),
+            map,
+            data_start: 8 + n,
+            meta,
+        })
     }
-    Ok(out)
+
+    pub fn names(&self) -> Vec<String> {
+        self.meta.offset_keys()
+    }
+
+    pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.meta.info(name).map(|i| i.shape.clone())
+    }
+
+    fn bytes(&self, name: &str) -> Option<(&safetensors::tensor::TensorInfo, &[u8])> {
+        let info = self.meta.info(name)?;
+        let (a, b) = info.data_offsets;
+        let data = self.map.get(self.data_start + a..self.data_start + b)?;
+        Some((info, data))
+    }
+
+    /// A whole tensor.
+    pub fn get(&self, name: &str) -> Option<DumpTensor> {
+        let (info, data) = self.bytes(name)?;
+        Some(DumpTensor {
+            dtype: info.dtype,
+            shape: info.shape.clone(),
+            data: data.to_vec(),
+        })
+    }
+
+    /// Slice `i` of the tensor's outermost dimension (one expert of `[E, …]`).
+    pub fn get_outer(&self, name: &str, i: usize) -> Option<DumpTensor> {
+        let (info, data) = self.bytes(name)?;
+        let outer = *info.shape.first()?;
+        if i >= outer {
+            return None;
+        }
+        let per = data.len() / outer;
+        Some(DumpTensor {
+            dtype: info.dtype,
+            shape: info.shape[1..].to_vec(),
+            data: data.get(i * per..(i + 1) * per)?.to_vec(),
+        })
+    }
+}
+
+/// Reads one safetensors file (memory-mapped, read-only) into memory.
+pub fn load_file(path: &Path) -> Result<BTreeMap<String, DumpTensor>, DumpError> {
+    let f = RankFile::open(path)?;
+    Ok(f.names()
+        .into_iter()
+        .filter_map(|n| f.get(&n).map(|t| (n, t)))
+        .collect())
 }
 
 /// Encodes f32 values as `dtype` bytes (F32, F16 or BF16).

@@ -417,6 +417,21 @@ pub fn check_ranges(p: &ParamPlan) -> Result<(), String> {
     Ok(())
 }
 
+/// The same plan for one expert of a stacked expert parameter (`[E, …]` → `[…]`).
+pub fn per_expert(p: &ParamPlan) -> Option<ParamPlan> {
+    if !matches!(p.style, TpStyle::MoeW13 | TpStyle::MoeW2) {
+        return None;
+    }
+    let mut q = p.clone();
+    q.full_shape.remove(0);
+    q.shard_shape.remove(0);
+    q.shard_dim = p.shard_dim.map(|d| d - 1);
+    for c in &mut q.cuts {
+        c.dim -= 1;
+    }
+    Some(q)
+}
+
 /// Checks that rank shards of `full` concatenate back to it (and padding is zero). Returns the first
 /// violation as text.
 pub fn check_reassembly(p: &ParamPlan, full: &Tensor, tp: usize) -> Result<(), String> {

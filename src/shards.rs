@@ -8,9 +8,9 @@ use serde::Serialize;
 
 use crate::arch::glm_dsa::TpStyle;
 use crate::compare::{diff, dump_dtype_rel_l2, quant_rel_l2_bound};
-use crate::dump::{DumpError, DumpTensor, RankDump};
+use crate::dump::{DumpError, DumpTensor, RankDump, RankFile};
 use crate::faults::{explain, Evidence, Explanation, Fault};
-use crate::plan::{check_ranges, check_reassembly, ParamPlan, ShardPlan};
+use crate::plan::{check_ranges, check_reassembly, per_expert, ParamPlan, ShardPlan};
 use crate::scan::{stream_stats, Stats};
 use crate::weights::{WeightError, Weights};
 
@@ -253,7 +253,78 @@ pub enum AgainstError {
     Weights(#[from] WeightError),
 }
 
-/// Compares every parameter present in the dump with its expected shard from the GGUF.
+/// One rank's tensor against its expected shard: the class, the diff, and (when corrupt) what
+/// explains it.
+struct RankVerdict {
+    class: Class,
+    rel_l2: f64,
+    cosine: f64,
+    tol_match: f64,
+    tol_quant: f64,
+    explanation: Option<Explanation>,
+}
+
+/// For an expert stack: how many of its experts were corrupt on a rank (the verdict is the first
+/// corrupt expert's, or the worst diff when none is).
+struct ExpertCount {
+    corrupt: usize,
+    of: usize,
+}
+
+/// Compares `actual` (rank `rank`'s copy) with `p`'s shard of `full`.
+fn judge(
+    w: &Weights<'_>,
+    p: &ParamPlan,
+    full: &Tensor,
+    rank: usize,
+    actual: &DumpTensor,
+    quant: f64,
+) -> Result<RankVerdict, WeightError> {
+    let candle = |err| WeightError::Candle {
+        param: p.param.clone(),
+        err,
+    };
+    let tol_match = dump_dtype_rel_l2(actual.dtype);
+    let tol_quant = tol_match + quant;
+    let shard = p.shard(full, rank).map_err(candle)?;
+    let (class, rel_l2, cosine) = if shard.dims() == actual.shape.as_slice() {
+        let d = diff(&actual.to_f32(), &values(&shard).map_err(candle)?);
+        let class = if d.rel_l2 <= tol_match {
+            Class::Match
+        } else if d.rel_l2 <= tol_quant {
+            Class::Quantization
+        } else {
+            Class::Corrupt
+        };
+        (class, d.rel_l2, d.cosine)
+    } else {
+        (Class::Corrupt, f64::NAN, f64::NAN)
+    };
+    let explanation = (class == Class::Corrupt).then(|| {
+        let ev = Evidence {
+            p,
+            full,
+            w,
+            tp: p.cuts.len().max(1),
+            rank,
+            actual,
+            tol: tol_quant,
+        };
+        explain(&ev, w.config)
+    });
+    Ok(RankVerdict {
+        class,
+        rel_l2,
+        cosine,
+        tol_match,
+        tol_quant,
+        explanation,
+    })
+}
+
+/// Compares every parameter present in the dump with its expected shard from the GGUF. Rank files
+/// stay memory-mapped and are read one parameter at a time; stacked experts one expert at a time, so
+/// memory is bounded by one parameter's shards (one expert's, for expert stacks).
 pub fn against(
     w: &Weights<'_>,
     plan: &ShardPlan,
@@ -262,16 +333,20 @@ pub fn against(
     tick: &mut dyn FnMut(&ParamPlan),
 ) -> Result<AgainstReport, AgainstError> {
     let tp = plan.tp;
-    let mut ranks: Vec<Option<BTreeMap<String, DumpTensor>>> = Vec::with_capacity(tp);
+    let mut ranks: Vec<Option<RankFile>> = Vec::with_capacity(tp);
     for r in 0..tp {
-        ranks.push(dump.load_rank(r)?);
+        ranks.push(dump.open_rank(r)?);
     }
     let missing_ranks: Vec<usize> = (0..tp).filter(|&r| ranks[r].is_none()).collect();
     let planned: BTreeSet<&str> = plan.params.iter().map(|p| p.param.as_str()).collect();
     let mut unexpected = BTreeSet::new();
     for (r, rank) in ranks.iter().enumerate() {
         if let Some(rank) = rank {
-            for name in rank.keys().filter(|n| !planned.contains(n.as_str())) {
+            for name in rank
+                .names()
+                .into_iter()
+                .filter(|n| !planned.contains(n.as_str()))
+            {
                 unexpected.insert(format!("{name}@rank{r}"));
             }
         }
@@ -286,10 +361,14 @@ pub fn against(
     let mut missing = Vec::new();
     let mut checked = Vec::new();
     for p in &plan.params {
-        let present: Vec<(usize, &DumpTensor)> = ranks
+        let present: Vec<(usize, &RankFile)> = ranks
             .iter()
             .enumerate()
-            .filter_map(|(r, m)| m.as_ref().and_then(|m| m.get(&p.param)).map(|t| (r, t)))
+            .filter_map(|(r, f)| {
+                f.as_ref()
+                    .filter(|f| f.shape(&p.param).is_some())
+                    .map(|f| (r, f))
+            })
             .collect();
         let absent: Vec<usize> = (0..tp)
             .filter(|r| !missing_ranks.contains(r) && !present.iter().any(|(pr, _)| pr == r))
@@ -310,65 +389,86 @@ pub fn against(
             ));
         }
         tick(p);
-        let full = w.vllm(&p.param)?;
         let quant = p
             .dtypes
             .iter()
             .map(|t| quant_rel_l2_bound(*t))
             .fold(0.0, f64::max);
+        let mut verdicts: Vec<(usize, RankVerdict, Option<ExpertCount>)> = Vec::new();
+        let n_experts = w.config.n_routed_experts;
+        let experts = per_expert(p).filter(|_| {
+            present
+                .iter()
+                .all(|(_, f)| f.shape(&p.param).and_then(|s| s.first().copied()) == Some(n_experts))
+        });
+        match (experts, p.idx.layer) {
+            (Some(q), Some(layer)) => {
+                let mut worst: Vec<Option<RankVerdict>> = (0..tp).map(|_| None).collect();
+                let mut bad = vec![0usize; tp];
+                for e in 0..n_experts {
+                    let full = expert_slice(w, p, layer, e)?;
+                    for (r, f) in &present {
+                        let Some(actual) = f.get_outer(&p.param, e) else {
+                            continue;
+                        };
+                        let v = judge(w, &q, &full, *r, &actual, quant)?;
+                        if v.class == Class::Corrupt {
+                            bad[*r] += 1;
+                        }
+                        let keep = match &worst[*r] {
+                            None => true,
+                            // The first corrupt expert explains the rank; until then the worst diff.
+                            Some(old) => {
+                                old.class != Class::Corrupt
+                                    && (v.class == Class::Corrupt || v.rel_l2 > old.rel_l2)
+                            }
+                        };
+                        if keep {
+                            worst[*r] = Some(v);
+                        }
+                    }
+                }
+                for (r, v) in worst.into_iter().enumerate() {
+                    if let Some(v) = v {
+                        verdicts.push((
+                            r,
+                            v,
+                            Some(ExpertCount {
+                                corrupt: bad[r],
+                                of: n_experts,
+                            }),
+                        ));
+                    }
+                }
+            }
+            _ => {
+                let full = w.vllm(&p.param)?;
+                for (r, f) in &present {
+                    let Some(actual) = f.get(&p.param) else {
+                        continue;
+                    };
+                    verdicts.push((*r, judge(w, p, &full, *r, &actual, quant)?, None));
+                }
+            }
+        }
         let mut per_rank: Vec<(usize, Explanation, f64, f64)> = Vec::new();
-        for (r, t) in &present {
-            let tol_match = dump_dtype_rel_l2(t.dtype);
-            let tol_quant = tol_match + quant;
-            let expected =
-                p.shard(&full, *r)
-                    .and_then(|s| values(&s))
-                    .map_err(|err| WeightError::Candle {
-                        param: p.param.clone(),
-                        err,
-                    })?;
-            let exp_shape = p
-                .shard(&full, *r)
-                .map(|s| s.dims().to_vec())
-                .unwrap_or_default();
-            let (class, d) = if exp_shape == t.shape {
-                let d = diff(&t.to_f32(), &expected);
-                let class = if d.rel_l2 <= tol_match {
-                    Class::Match
-                } else if d.rel_l2 <= tol_quant {
-                    Class::Quantization
-                } else {
-                    Class::Corrupt
-                };
-                (class, Some(d))
-            } else {
-                (Class::Corrupt, None)
-            };
+        for (r, v, experts) in verdicts {
             checked.push(Checked {
                 param: p.param.clone(),
-                rank: *r,
-                class,
-                rel_l2: d.map_or(f64::NAN, |d| d.rel_l2),
-                tol_match,
-                tol_quant,
+                rank: r,
+                class: v.class,
+                rel_l2: v.rel_l2,
+                tol_match: v.tol_match,
+                tol_quant: v.tol_quant,
             });
-            if class == Class::Corrupt {
-                let ev = Evidence {
-                    p,
-                    full: &full,
-                    w,
-                    tp,
-                    rank: *r,
-                    actual: t,
-                    tol: tol_quant,
+            if let Some(x) = v.explanation {
+                let x = match (x, experts) {
+                    (Explanation::Fault(f, d), Some(n)) if n.corrupt < n.of => {
+                        Explanation::Fault(f, format!("{d} (in {} of {} experts)", n.corrupt, n.of))
+                    }
+                    (x, _) => x,
                 };
-                let x = explain(&ev, w.config);
-                per_rank.push((
-                    *r,
-                    x,
-                    d.map_or(f64::NAN, |d| d.rel_l2),
-                    d.map_or(f64::NAN, |d| d.cosine),
-                ));
+                per_rank.push((r, x, v.rel_l2, v.cosine));
             }
         }
         findings.extend(group(p, &per_rank, tp));
@@ -395,6 +495,30 @@ pub fn against(
         unexpected: unexpected.into_iter().collect(),
         missing_ranks,
         checked,
+    })
+}
+
+/// One expert's slice of a stacked vLLM expert parameter: its HF parts concatenated ([2I, H] for
+/// w13, [H, I] for w2).
+fn expert_slice(
+    w: &Weights<'_>,
+    p: &ParamPlan,
+    layer: usize,
+    e: usize,
+) -> Result<Tensor, WeightError> {
+    let idx = crate::arch::glm_dsa::Idx {
+        layer: Some(layer),
+        expert: Some(e),
+    };
+    let parts = p
+        .def
+        .parts
+        .iter()
+        .map(|t| w.hf(&crate::arch::glm_dsa::name(t, idx)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Tensor::cat(&parts, p.def.cat_dim.saturating_sub(1)).map_err(|err| WeightError::Candle {
+        param: p.param.clone(),
+        err,
     })
 }
 
