@@ -28,6 +28,9 @@ Examples:
   glmcheck inspect fixtures/tiny/tiny-Q4_K_M.gguf
   glmcheck inspect GLM-5-UD-Q4_K_XL-00001-of-00010.gguf --json
   glmcheck dequant fixtures/tiny/tiny-Q8_0.gguf --tensor 'blk.1.*'
+  glmcheck shards model-00001-of-00010.gguf --tp 8 --verify
+  glmcheck inject --fault kvb-concat --layer 1 --tp 8 --out /tmp/bad fixtures/tiny/tiny-F32.gguf
+  glmcheck shards fixtures/tiny/tiny-F32.gguf --tp 8 --against /tmp/bad
   glmcheck forward fixtures/tiny/tiny-F32.gguf --prompt 'What is 2+2?'
   glmcheck diff ref.safetensors cand.safetensors
   glmcheck completions bash > /etc/bash_completion.d/glmcheck";
@@ -38,8 +41,9 @@ Examples:
     version,
     about = "Find out why a GLM-5 (glm-dsa) deployment that loads fine still produces garbage",
     long_about = "glmcheck reads a GLM-5 GGUF exactly as llama.cpp wrote it, rebuilds every Hugging Face \
-weight from it, and checks it against its own config: the ground floor for diffing what a deployment's \
-ranks hold and compute.",
+weight from it, reproduces vLLM's tensor-parallel cut of every parameter, runs a GLM-5 forward that \
+matches transformers module by module, and diffs what a deployment's ranks hold (shards --against) \
+and compute (forward --reference, diff) against that, naming the first bad tensor, layer and rank.",
     after_help = AFTER_HELP
 )]
 struct Cli {
