@@ -354,16 +354,7 @@ impl TpModel {
     pub fn forward(&self, tokens: &[u32], capture: &mut dyn Capture) -> Result<Tensor, ModelError> {
         let c = self.base.config();
         let vocab = c.vocab_size;
-        if tokens.is_empty() {
-            return Err(ModelError::EmptyPrompt);
-        }
-        if let Some((pos, &id)) = tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &id)| id as usize >= vocab)
-        {
-            return Err(ModelError::Token { id, pos, vocab });
-        }
+        crate::model::check_tokens(tokens, vocab)?;
         let p = ModelPaths::new()?;
         let at = |m: &str| {
             let m = m.to_string();

@@ -115,8 +115,13 @@ pub enum Rebuild {
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     Embedding,
-    Norm,
-    NormBias,
+    FinalNorm,
+    InputNorm,
+    PostAttnNorm,
+    QANorm,
+    KvANorm,
+    IndexerKNorm,
+    IndexerKNormBias,
     AttnQA,
     AttnQB,
     AttnKvA,
@@ -242,7 +247,7 @@ pub const HF_TABLE: &[HfDef] = &[
     ),
     direct(
         "model.norm.weight",
-        Role::Norm,
+        Role::FinalNorm,
         Scope::Global,
         &[Hidden],
         &[src("output_norm.weight", &[Hidden])],
@@ -256,14 +261,14 @@ pub const HF_TABLE: &[HfDef] = &[
     ),
     direct(
         "model.layers.{L}.input_layernorm.weight",
-        Role::Norm,
+        Role::InputNorm,
         Scope::Layer,
         &[Hidden],
         &[src("blk.{L}.attn_norm.weight", &[Hidden])],
     ),
     direct(
         "model.layers.{L}.post_attention_layernorm.weight",
-        Role::Norm,
+        Role::PostAttnNorm,
         Scope::Layer,
         &[Hidden],
         &[src("blk.{L}.ffn_norm.weight", &[Hidden])],
@@ -277,7 +282,7 @@ pub const HF_TABLE: &[HfDef] = &[
     ),
     direct(
         "model.layers.{L}.self_attn.q_a_layernorm.weight",
-        Role::Norm,
+        Role::QANorm,
         Scope::Layer,
         &[QLora],
         &[src("blk.{L}.attn_q_a_norm.weight", &[QLora])],
@@ -298,7 +303,7 @@ pub const HF_TABLE: &[HfDef] = &[
     ),
     direct(
         "model.layers.{L}.self_attn.kv_a_layernorm.weight",
-        Role::Norm,
+        Role::KvANorm,
         Scope::Layer,
         &[KvLora],
         &[src("blk.{L}.attn_kv_a_norm.weight", &[KvLora])],
@@ -338,14 +343,14 @@ pub const HF_TABLE: &[HfDef] = &[
     ),
     direct(
         "model.layers.{L}.self_attn.indexer.k_norm.weight",
-        Role::Norm,
+        Role::IndexerKNorm,
         Scope::Layer,
         &[IdxDim],
         &[src("blk.{L}.indexer.k_norm.weight", &[IdxDim])],
     ),
     direct(
         "model.layers.{L}.self_attn.indexer.k_norm.bias",
-        Role::NormBias,
+        Role::IndexerKNormBias,
         Scope::Layer,
         &[IdxDim],
         &[src("blk.{L}.indexer.k_norm.bias", &[IdxDim])],
@@ -814,6 +819,15 @@ mod tests {
                 .filter(|v| v.parts.contains(&d.hf))
                 .count();
             assert_eq!(n, 1, "{}", d.hf);
+        }
+    }
+
+    #[test]
+    fn every_table_entry_has_its_own_role() {
+        for (i, a) in HF_TABLE.iter().enumerate() {
+            for b in &HF_TABLE[i + 1..] {
+                assert_ne!(a.role, b.role, "{} and {} share a role", a.hf, b.hf);
+            }
         }
     }
 

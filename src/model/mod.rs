@@ -382,17 +382,7 @@ impl Glm5 {
 
     /// Token ids `[T]` → logits `[T, V]` (compute dtype), every module output sent to `capture`.
     pub fn forward(&self, tokens: &[u32], capture: &mut dyn Capture) -> Result<Tensor, ModelError> {
-        let vocab = self.config.vocab_size;
-        if tokens.is_empty() {
-            return Err(ModelError::EmptyPrompt);
-        }
-        if let Some((pos, &id)) = tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &id)| id as usize >= vocab)
-        {
-            return Err(ModelError::Token { id, pos, vocab });
-        }
+        check_tokens(tokens, self.config.vocab_size)?;
         let t = tokens.len();
         let p = &self.paths;
         let dtype = self.options.dtype;
@@ -433,5 +423,20 @@ impl Glm5 {
         capture::emit(capture, &p.lm_head, &logits).map_err(at(&p.lm_head))?;
         capture::emit(capture, conv::LOGITS, &logits).map_err(at(conv::LOGITS))?;
         Ok(logits)
+    }
+}
+
+/// A prompt the model can run: not empty, every id inside the vocabulary.
+pub fn check_tokens(tokens: &[u32], vocab: usize) -> Result<(), ModelError> {
+    if tokens.is_empty() {
+        return Err(ModelError::EmptyPrompt);
+    }
+    match tokens
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id as usize >= vocab)
+    {
+        Some((pos, &id)) => Err(ModelError::Token { id, pos, vocab }),
+        None => Ok(()),
     }
 }

@@ -1,10 +1,10 @@
 //! Parameter and module names for the model, all taken from the one name table
-//! ([`crate::arch::glm_dsa::HF_TABLE`]): parameters are found by role (and, for norms, symbolic
-//! shape), and HF module paths are their parameter names with the last component stripped. The
+//! ([`crate::arch::glm_dsa::HF_TABLE`]): parameters are found by role (each table entry has its
+//! own), and HF module paths are their parameter names with the last component stripped. The
 //! only strings spelled here are capture conventions of the fixtures that name no tensor
 //! (`rotary_emb`, `act_fn`, the recomputed extras, tuple suffixes).
 
-use crate::arch::glm_dsa::{self, Dim, HfDef, Idx, Rebuild, Role, Scope, HF_TABLE};
+use crate::arch::glm_dsa::{self, HfDef, Idx, Rebuild, Role};
 
 use super::ModelError;
 
@@ -42,67 +42,44 @@ pub(crate) enum Param {
 }
 
 impl Param {
-    /// The table entry of this parameter. Norms share `Role::Norm`; they are told apart by scope and
-    /// symbolic shape, and the two `[Hidden]` layer norms by table order (input first, then
-    /// post-attention, as the table lists them). A swap would change `input_layernorm`'s output, which
-    /// the fixture comparison checks.
-    pub(crate) fn def(self) -> Result<&'static HfDef, ModelError> {
-        use Dim::*;
-        let by_role = |role: Role| -> Vec<&'static HfDef> {
-            HF_TABLE.iter().filter(|d| d.role == role).collect()
-        };
-        let norm = |scope: Scope, shape: &[Dim]| -> Vec<&'static HfDef> {
-            HF_TABLE
-                .iter()
-                .filter(|d| d.role == Role::Norm && d.scope == scope && d.shape == shape)
-                .collect()
-        };
-        let (found, nth) = match self {
-            Param::Embed => (by_role(Role::Embedding), 0),
-            Param::FinalNorm => (norm(Scope::Global, &[Hidden]), 0),
-            Param::LmHead => (by_role(Role::LmHead), 0),
-            Param::InputNorm => (norm(Scope::Layer, &[Hidden]), 0),
-            Param::PostAttnNorm => (norm(Scope::Layer, &[Hidden]), 1),
-            Param::QA => (by_role(Role::AttnQA), 0),
-            Param::QANorm => (norm(Scope::Layer, &[QLora]), 0),
-            Param::QB => (by_role(Role::AttnQB), 0),
-            Param::KvA => (by_role(Role::AttnKvA), 0),
-            Param::KvANorm => (norm(Scope::Layer, &[KvLora]), 0),
-            Param::KvB => (by_role(Role::AttnKvB), 0),
-            Param::O => (by_role(Role::AttnOut), 0),
-            Param::IdxQB => (by_role(Role::IndexerQB), 0),
-            Param::IdxK => (by_role(Role::IndexerK), 0),
-            Param::IdxKNorm => (norm(Scope::Layer, &[IdxDim]), 0),
-            Param::IdxKNormBias => (by_role(Role::NormBias), 0),
-            Param::IdxWeights => (by_role(Role::IndexerWeights), 0),
-            Param::DenseGate => (by_role(Role::FfnGate), 0),
-            Param::DenseUp => (by_role(Role::FfnUp), 0),
-            Param::DenseDown => (by_role(Role::FfnDown), 0),
-            Param::Router => (by_role(Role::Router), 0),
-            Param::RouterBias => (by_role(Role::RouterBias), 0),
-            Param::ExpertGate => (by_role(Role::ExpertGate), 0),
-            Param::ExpertUp => (by_role(Role::ExpertUp), 0),
-            Param::ExpertDown => (by_role(Role::ExpertDown), 0),
-            Param::SharedGate => (by_role(Role::SharedGate), 0),
-            Param::SharedUp => (by_role(Role::SharedUp), 0),
-            Param::SharedDown => (by_role(Role::SharedDown), 0),
-        };
-        let expected = if matches!(self, Param::InputNorm | Param::PostAttnNorm) {
-            2
-        } else {
-            1
-        };
-        if found.len() != expected {
-            return Err(ModelError::NameTable(format!(
-                "{self:?}: expected {expected} matching table entr{}, found {}",
-                if expected == 1 { "y" } else { "ies" },
-                found.len()
-            )));
+    /// The table's role for this parameter.
+    fn role(self) -> Role {
+        match self {
+            Param::Embed => Role::Embedding,
+            Param::FinalNorm => Role::FinalNorm,
+            Param::LmHead => Role::LmHead,
+            Param::InputNorm => Role::InputNorm,
+            Param::PostAttnNorm => Role::PostAttnNorm,
+            Param::QA => Role::AttnQA,
+            Param::QANorm => Role::QANorm,
+            Param::QB => Role::AttnQB,
+            Param::KvA => Role::AttnKvA,
+            Param::KvANorm => Role::KvANorm,
+            Param::KvB => Role::AttnKvB,
+            Param::O => Role::AttnOut,
+            Param::IdxQB => Role::IndexerQB,
+            Param::IdxK => Role::IndexerK,
+            Param::IdxKNorm => Role::IndexerKNorm,
+            Param::IdxKNormBias => Role::IndexerKNormBias,
+            Param::IdxWeights => Role::IndexerWeights,
+            Param::DenseGate => Role::FfnGate,
+            Param::DenseUp => Role::FfnUp,
+            Param::DenseDown => Role::FfnDown,
+            Param::Router => Role::Router,
+            Param::RouterBias => Role::RouterBias,
+            Param::ExpertGate => Role::ExpertGate,
+            Param::ExpertUp => Role::ExpertUp,
+            Param::ExpertDown => Role::ExpertDown,
+            Param::SharedGate => Role::SharedGate,
+            Param::SharedUp => Role::SharedUp,
+            Param::SharedDown => Role::SharedDown,
         }
-        found
-            .get(nth)
-            .copied()
-            .ok_or_else(|| ModelError::NameTable(format!("{self:?}: no entry {nth}")))
+    }
+
+    /// The table entry of this parameter (every role has exactly one).
+    pub(crate) fn def(self) -> Result<&'static HfDef, ModelError> {
+        glm_dsa::hf_def(self.role())
+            .ok_or_else(|| ModelError::NameTable(format!("{self:?}: no table entry with its role")))
     }
 
     /// The concrete HF parameter name (`model.layers.3.self_attn.q_a_proj.weight`).
@@ -389,7 +366,7 @@ mod tests {
             assert!(seen.insert(d.hf), "{p:?} shares {} with another", d.hf);
         }
         // Every table entry is used by the model.
-        assert_eq!(seen.len(), HF_TABLE.len());
+        assert_eq!(seen.len(), glm_dsa::HF_TABLE.len());
     }
 
     #[test]
