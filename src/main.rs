@@ -53,6 +53,10 @@ struct Cli {
     /// Only errors on stderr; no progress bars.
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     quiet: bool,
+    /// Also write the command's JSON report to FILE (via a temp file and rename; never over an
+    /// input, a GGUF or a safetensors file).
+    #[arg(long, global = true, value_name = "FILE")]
+    report: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -382,6 +386,107 @@ fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Prints the human or JSON form of a command's result and, with `--report`, writes the JSON form.
+fn emit(
+    cli: &Cli,
+    json: bool,
+    value: &impl serde::Serialize,
+    text: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    if let Some(path) = &cli.report {
+        write_report(path, value, &input_paths(&cli.command))?;
+    }
+    if json {
+        print_json(value)
+    } else {
+        print_text(&text())
+    }
+}
+
+/// The paths a command reads (files, and the files of directories it reads).
+fn input_paths(c: &Command) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = match c {
+        Command::Inspect { file, .. }
+        | Command::Dequant { file, .. }
+        | Command::Inject { file, .. } => {
+            vec![file.clone()]
+        }
+        Command::Shards { file, against, .. } => std::iter::once(file.clone())
+            .chain(against.clone())
+            .collect(),
+        Command::Forward {
+            file,
+            reference,
+            weights_from,
+            ..
+        } => std::iter::once(file.clone())
+            .chain(reference.clone())
+            .chain(weights_from.clone())
+            .collect(),
+        Command::Diff {
+            reference,
+            candidate,
+            ..
+        } => vec![reference.clone(), candidate.clone()],
+        Command::Completions { .. } => Vec::new(),
+    };
+    let dirs: Vec<PathBuf> = v.iter().filter(|p| p.is_dir()).cloned().collect();
+    for d in dirs {
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            v.extend(rd.flatten().map(|e| e.path()));
+        }
+    }
+    v
+}
+
+/// Writes `value` as JSON to `path` atomically. Refuses a path that is one of `inputs`, or an existing
+/// GGUF or safetensors file (a report never replaces model or dump data).
+fn write_report(
+    path: &std::path::Path,
+    value: &impl serde::Serialize,
+    inputs: &[PathBuf],
+) -> anyhow::Result<()> {
+    let canon = |p: &std::path::Path| std::fs::canonicalize(p).ok();
+    if let Some(target) = canon(path) {
+        if inputs.iter().any(|i| canon(i).as_ref() == Some(&target)) {
+            anyhow::bail!(
+                "--report {}: refusing to overwrite an input of this command",
+                path.display()
+            );
+        }
+        let mut head = [0u8; 8];
+        if let Ok(mut f) = std::fs::File::open(path) {
+            use std::io::Read;
+            let n = f.read(&mut head).unwrap_or(0);
+            let st_header = n == 8 && u64::from_le_bytes(head) < (1 << 27) && {
+                let mut brace = [0u8; 1];
+                f.read(&mut brace).unwrap_or(0) == 1 && brace[0] == b'{'
+            };
+            if (n >= 4 && &head[..4] == b"GGUF") || st_header {
+                anyhow::bail!(
+                    "--report {}: refusing to overwrite an existing GGUF or safetensors file",
+                    path.display()
+                );
+            }
+        }
+    }
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.glmcheck-{}.tmp", std::process::id()));
+    let body = serde_json::to_vec_pretty(value).context("encoding the report")?;
+    std::fs::write(&tmp, body).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("renaming {} to {}", tmp.display(), path.display())
+    })
+}
+
 fn print_text(text: &str) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())
@@ -402,11 +507,9 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
         } => {
             let model = open(file)?;
             let report = InspectReport::build(&model)?;
-            if *json {
-                print_json(&report)?;
-            } else {
-                print_text(&report::inspect_text(&report, *all_tensors))?;
-            }
+            emit(cli, *json, &report, || {
+                report::inspect_text(&report, *all_tensors)
+            })?;
             if cli.verbose > 0 {
                 for p in &model.parts {
                     eprintln!(
@@ -447,11 +550,12 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                 bar.inc(t.info.n_bytes);
             }
             bar.finish_and_clear();
-            if *json {
-                print_json(&serde_json::json!({ "file": file, "tensors": rows }))?;
-            } else {
-                print_text(&report::dequant_text(&rows))?;
-            }
+            emit(
+                cli,
+                *json,
+                &serde_json::json!({ "file": file, "tensors": rows }),
+                || report::dequant_text(&rows),
+            )?;
             let bad = rows
                 .iter()
                 .any(|r| r.error.is_some() || r.nan > 0 || r.inf > 0);
@@ -501,11 +605,7 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                     bar.inc(b);
                 });
                 bar.finish_and_clear();
-                if *json {
-                    print_json(&r)?;
-                } else {
-                    print_text(&report::verify_text(&r))?;
-                }
+                emit(cli, *json, &r, || report::verify_text(&r))?;
                 return Ok(if r.ok { Outcome::Ok } else { Outcome::Finding });
             }
             if let Some(dir) = against {
@@ -523,23 +623,17 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                     bar.inc(1);
                 })?;
                 bar.finish_and_clear();
-                if *json {
-                    print_json(&r)?;
-                } else {
-                    print_text(&report::against_text(&r))?;
-                }
+                emit(cli, *json, &r, || report::against_text(&r))?;
                 return Ok(if r.verdict == "pass" {
                     Outcome::Ok
                 } else {
                     Outcome::Finding
                 });
             }
-            if *json {
-                print_json(&selected)?;
-            } else {
+            emit(cli, *json, &selected, || {
                 let rows: Vec<&ParamPlan> = selected.params.iter().collect();
-                print_text(&report::shards_text(&selected, &rows))?;
-            }
+                report::shards_text(&selected, &rows)
+            })?;
             let problems = selected.params.iter().any(|p| !p.problems.is_empty());
             Ok(if problems {
                 Outcome::Finding
@@ -754,11 +848,9 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                     );
                 }
             }
-            if *json {
-                print_json(&report::forward::forward_json(&outcome))?;
-            } else {
-                print_text(&report::forward::forward_text(&outcome, *all))?;
-            }
+            emit(cli, *json, &report::forward::forward_json(&outcome), || {
+                report::forward::forward_text(&outcome, *all)
+            })?;
             Ok(match &outcome.comparison {
                 Some(c) if c.diverged() => Outcome::Finding,
                 _ => Outcome::Ok,
@@ -789,11 +881,9 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                 tolerances: tol.apply(Tolerances::for_profile(dtype, weights)),
             };
             let cmp = activations::compare(&r, &c, &opts)?;
-            if *json {
-                print_json(&report::forward::diff_json(&cmp))?;
-            } else {
-                print_text(&report::forward::comparison_text(&cmp, *all))?;
-            }
+            emit(cli, *json, &report::forward::diff_json(&cmp), || {
+                report::forward::comparison_text(&cmp, *all)
+            })?;
             Ok(if cmp.diverged() {
                 Outcome::Finding
             } else {
