@@ -135,9 +135,25 @@ impl RankDump {
 /// of the outermost dimension at a time), so a 50 GB rank file costs what one parameter costs.
 pub struct RankFile {
     pub path: PathBuf,
-    map: Mmap,
+    map: Bytes,
     data_start: usize,
     meta: safetensors::tensor::Metadata,
+}
+
+/// A rank file's bytes: mapped from disk, or held in memory (tests, fuzzing).
+enum Bytes {
+    Mapped(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
 }
 
 impl RankFile {
@@ -149,6 +165,16 @@ impl RankFile {
         let f = File::open(path).map_err(io)?;
         // SAFETY: read-only private map of a file glmcheck never writes.
         let map = unsafe { Mmap::map(&f) }.map_err(io)?;
+        Self::validate(path, Bytes::Mapped(map))
+    }
+
+    /// A rank file held in memory, validated exactly as [`RankFile::open`] validates a file; `path`
+    /// is only used in messages.
+    pub fn from_bytes(path: &Path, bytes: Vec<u8>) -> Result<Self, DumpError> {
+        Self::validate(path, Bytes::Owned(bytes))
+    }
+
+    fn validate(path: &Path, map: Bytes) -> Result<Self, DumpError> {
         let format = |e: safetensors::SafeTensorError| DumpError::Format {
             file: path.to_path_buf(),
             reason: e.to_string(),
@@ -187,7 +213,9 @@ impl RankFile {
     fn bytes(&self, name: &str) -> Option<(&safetensors::tensor::TensorInfo, &[u8])> {
         let info = self.meta.info(name)?;
         let (a, b) = info.data_offsets;
-        let data = self.map.get(self.data_start + a..self.data_start + b)?;
+        let data = self
+            .map
+            .get(self.data_start.checked_add(a)?..self.data_start.checked_add(b)?)?;
         Some((info, data))
     }
 
@@ -271,8 +299,8 @@ pub fn write_file(
                 .map_err(|e| werr(format!("{k}: {e}")))
         })
         .collect::<Result<_, _>>()?;
-    let tmp = path.with_extension("safetensors.tmp");
-    safetensors::tensor::serialize_to_file(views, metadata, &tmp)
-        .map_err(|e| werr(e.to_string()))?;
-    std::fs::rename(&tmp, path).map_err(|e| werr(e.to_string()))
+    crate::outputs::write_atomically(path, |tmp| {
+        safetensors::tensor::serialize_to_file(views, metadata, tmp).map_err(|e| e.to_string())
+    })
+    .map_err(|e| werr(e.to_string()))
 }

@@ -369,6 +369,12 @@ enum Outcome {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Ctrl-C: remove the temp files of writes in flight (no partial report or dump is ever left).
+    let _ = ctrlc::set_handler(|| {
+        glmcheck::outputs::remove_pending();
+        eprintln!("glmcheck: interrupted");
+        std::process::exit(130);
+    });
     match run(&cli) {
         Ok(Outcome::Ok) => ExitCode::SUCCESS,
         Ok(Outcome::Finding) => ExitCode::from(1),
@@ -470,21 +476,9 @@ fn write_report(
             }
         }
     }
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.glmcheck-{}.tmp", std::process::id()));
     let body = serde_json::to_vec_pretty(value).context("encoding the report")?;
-    std::fs::write(&tmp, body).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| {
-        let _ = std::fs::remove_file(&tmp);
-        format!("renaming {} to {}", tmp.display(), path.display())
-    })
+    glmcheck::outputs::write_atomically(path, |tmp| std::fs::write(tmp, &body))
+        .with_context(|| format!("writing the report {}", path.display()))
 }
 
 fn print_text(text: &str) -> anyhow::Result<()> {

@@ -304,3 +304,46 @@ fn which(cmd: &str) -> Result<std::path::PathBuf, ()> {
         .find(|p| p.is_file())
         .ok_or(())
 }
+
+#[test]
+fn ctrl_c_leaves_no_partial_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("r.json");
+    let gguf = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny/tiny-F32.gguf");
+    // A long greedy continuation keeps the process busy well past the signal.
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_glmcheck"))
+        .args([
+            "forward",
+            gguf.to_str().unwrap(),
+            "--tokens",
+            "294,266,220,17",
+            "--max-new-tokens",
+            "2000",
+            "-q",
+        ])
+        .arg("--report")
+        .arg(&report)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "an interrupted run left {left:?}");
+}

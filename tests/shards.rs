@@ -575,23 +575,55 @@ fn report_is_written_atomically_and_never_over_an_input() {
     std::fs::copy(gguf("tiny-Q8_0"), &model).unwrap();
     let before = std::fs::read(&model).unwrap();
     // Into the input itself: refused, exit 2, input intact.
-    let out = glmcheck(&["shards", model.to_str().unwrap(), "--tp", "2", "--verify", "-q", "--report", model.to_str().unwrap()]);
+    let out = glmcheck(&[
+        "shards",
+        model.to_str().unwrap(),
+        "--tp",
+        "2",
+        "--verify",
+        "-q",
+        "--report",
+        model.to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("refusing to overwrite an input"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("refusing to overwrite an input"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(std::fs::read(&model).unwrap(), before);
     // Into another model file: refused too.
     let other = dir.path().join("other.gguf");
     std::fs::copy(gguf("tiny-F32"), &other).unwrap();
-    let out = glmcheck(&["inspect", model.to_str().unwrap(), "--report", other.to_str().unwrap()]);
+    let out = glmcheck(&[
+        "inspect",
+        model.to_str().unwrap(),
+        "--report",
+        other.to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("existing GGUF"), "{}", stderr(&out));
     // Into a new file: the same JSON as --json prints, and no temp file left behind.
     let rep = dir.path().join("verify.json");
-    let out = glmcheck(&["shards", model.to_str().unwrap(), "--tp", "2", "--verify", "--json", "-q", "--report", rep.to_str().unwrap()]);
+    let out = glmcheck(&[
+        "shards",
+        model.to_str().unwrap(),
+        "--tp",
+        "2",
+        "--verify",
+        "--json",
+        "-q",
+        "--report",
+        rep.to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let written: serde_json::Value = serde_json::from_slice(&std::fs::read(&rep).unwrap()).unwrap();
     let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(written["params"], printed["params"]);
-    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).collect();
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
 }

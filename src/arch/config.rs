@@ -125,6 +125,11 @@ impl ConfigReport {
     }
 }
 
+/// Most blocks (layers) a config may declare; GLM-5 has 79 (78 + 1 MTP).
+pub const MAX_BLOCKS: usize = 1024;
+/// Most routed experts a config may declare; GLM-5 has 256.
+pub const MAX_EXPERTS: usize = 1 << 16;
+
 /// Reads metadata into a [`Config`]. Keys of the wrong type are errors naming file, key and offset;
 /// missing keys take GLM-5's defaults and are recorded in the report.
 pub struct ConfigReader<'a> {
@@ -185,6 +190,28 @@ impl<'a> ConfigReader<'a> {
         })
     }
 
+    /// As [`Self::uint`], but a value above `max` is an error: counts that size loops and tables
+    /// (layers, experts) are checked before anything iterates over them.
+    fn uint_max(
+        &mut self,
+        field: &str,
+        suffix: &str,
+        default: usize,
+        max: usize,
+    ) -> Result<usize, GgufError> {
+        self.value_of(
+            field,
+            suffix,
+            default,
+            &format!("a non-negative integer of at most {max}"),
+            |v| {
+                v.as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .filter(|&n| n <= max)
+            },
+        )
+    }
+
     fn float(&mut self, field: &str, suffix: &str, default: f64) -> Result<f64, GgufError> {
         self.value_of(field, suffix, default, "a float", |v| match v {
             // The shortest decimal that round-trips the f32: 1e-5, not 9.999999747378752e-6.
@@ -212,7 +239,12 @@ impl<'a> ConfigReader<'a> {
             sources: Vec::new(),
         };
         let hidden_size = r.uint("hidden_size", "embedding_length", d.hidden_size)?;
-        let block_count = r.uint("num_hidden_layers", "block_count", d.gguf_block_count())?;
+        let block_count = r.uint_max(
+            "num_hidden_layers",
+            "block_count",
+            d.gguf_block_count(),
+            MAX_BLOCKS,
+        )?;
         let nextn = r.uint(
             "num_nextn_predict_layers",
             "nextn_predict_layers",
@@ -265,7 +297,12 @@ impl<'a> ConfigReader<'a> {
                 )
             })?;
         let v_head_dim = r.uint("v_head_dim", "attention.value_length_mla", d.v_head_dim)?;
-        let n_routed_experts = r.uint("n_routed_experts", "expert_count", d.n_routed_experts)?;
+        let n_routed_experts = r.uint_max(
+            "n_routed_experts",
+            "expert_count",
+            d.n_routed_experts,
+            MAX_EXPERTS,
+        )?;
         let num_experts_per_tok = r.uint(
             "num_experts_per_tok",
             "expert_used_count",

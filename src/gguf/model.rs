@@ -224,6 +224,12 @@ impl GgufModel {
         Ok(model)
     }
 
+    /// A model of one already-parsed file (e.g. from [`GgufFile::parse_bytes`]); no split parts are
+    /// looked for. Duplicate tensor names are errors, as for [`GgufModel::open`].
+    pub fn from_file(file: GgufFile) -> Result<Self, GgufError> {
+        Self::from_parts(vec![file])
+    }
+
     fn from_parts(parts: Vec<GgufFile>) -> Result<Self, GgufError> {
         let mut order = Vec::new();
         let mut by_name = HashMap::new();
