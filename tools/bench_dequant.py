@@ -57,13 +57,79 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def render(report: dict) -> str:
+    """The markdown report, from the JSON report alone (so it can be re-rendered from measured data)."""
+    results = report["results"]
+    end_to_end = report["end_to_end"]
+    write_ceiling_gbps = report["numpy_fill_gbps"]
+    version = report["glmcheck"]
+    args_elements = next(iter(results.values()))["elements"]
+    args_repeat = report["repeat"]
+    lines = [
+        "# Dequantization throughput: glmcheck vs gguf-py",
+        "",
+        f"- date: {report['date']}",
+        f"- machine: {report['machine']['cpu']}, {report['machine']['cores']} cores ({report['machine']['arch']})",
+        f"- command: `{report['command']}` (glmcheck release build: `{version}`)",
+        f"- gguf-py: {report['gguf_py']}, numpy {report['numpy']}; best of {args_repeat} runs each, same tensors, same run",
+        f"- tensors: real llama.cpp blocks from the fixtures, tiled to {args_elements:,} values each",
+        "",
+        "| type | f32 values | gguf-py GB/s | glmcheck into f32 buffer GB/s | speed-up | glmcheck streaming GB/s | speed-up |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for qtype, r in results.items():
+        lines.append(
+            f"| {qtype} | {r['elements'] * 4 / 2**20:.0f} MiB | {r['gguf_py_gbps']:.3f} | "
+            f"{r['glmcheck_gbps']:.2f} | {r['speedup']:.1f}× | "
+            f"{r['glmcheck_stream_gbps']:.2f} | {r['stream_speedup']:.1f}× |"
+        )
+    lines += [
+        "",
+        "Throughput counts f32 values (×4 bytes) produced per second, best run; the data is in the page cache",
+        "(no disk I/O in either). gguf-py: `dequantize()` into a new array (its API cannot do otherwise).",
+        "glmcheck into f32 buffer: `glmcheck dequant --repeat N`, all cores, one reused buffer — bound by",
+        "memory write bandwidth (see the ceiling below). glmcheck streaming: `glmcheck dequant --stream`,",
+        "all cores decode 16 Ki-value chunks that stay in cache and fold them into the statistics, as",
+        "`shards --verify` scans expert stacks; this also computes absmax/mean/std/NaN/Inf, which",
+        "gguf-py's figure does not include.",
+        "",
+        f"End to end (one `glmcheck dequant` process over all {len(results)} tensors: open, mmap, fresh buffers,",
+        f"statistics): {end_to_end['glmcheck_process_seconds']:.3f} s = {end_to_end['glmcheck_process_gbps']:.2f} GB/s, "
+        f"{end_to_end['speedup']:.1f}× gguf-py's decode time alone ({end_to_end['gguf_py_decode_seconds']:.3f} s).",
+        "",
+        f"Ceiling: numpy filling a preallocated f32 buffer of the same size runs at {write_ceiling_gbps:.2f} GB/s (one core).",
+        "",
+        "## Against the 20× target",
+        "",
+        f"The target (issue 5) was 20× gguf-py, quoted as ≈0.2 GB/s here, i.e. ≥ 4 GB/s: glmcheck decodes at "
+        f"{min(r['glmcheck_gbps'] for r in results.values()):.1f}–{max(r['glmcheck_gbps'] for r in results.values()):.1f} GB/s "
+        f"into a buffer ({min(r['glmcheck_stream_gbps'] for r in results.values()):.1f}–{max(r['glmcheck_stream_gbps'] for r in results.values()):.1f} GB/s streaming). "
+        f"In this run, on an otherwise idle machine, gguf-py decoded at {min(r['gguf_py_gbps'] for r in results.values()):.2f}–"
+        f"{max(r['gguf_py_gbps'] for r in results.values()):.2f} GB/s (the 0.2 GB/s figure was taken while cargo was compiling on "
+        "both cores), so the same-run ratios are the speed-up columns above; at least 20× (either mode): "
+        + (", ".join(q for q, r in results.items() if max(r["speedup"], r["stream_speedup"]) >= 20) or "none")
+        + ". The others cannot get there on this machine: into a buffer glmcheck runs at about the memory write "
+        "ceiling above, and streaming is bound by candle's scalar block decoders (BF16 or Q8_0 at 20× gguf-py would "
+        "need more f32 bytes per second than the fill ceiling).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--glmcheck", default=str(ROOT / "target" / "release" / "glmcheck"))
     ap.add_argument("--elements", type=int, default=1 << 27, help="values per benchmark tensor (default 128 Mi: the quantized source outgrows a 32 MiB L3)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "reports"))
+    ap.add_argument("--render-only", action="store_true", help="re-render dequant.md from dequant.json (no measuring)")
     args = ap.parse_args()
+    if args.render_only:
+        out = Path(args.out)
+        md = render(json.loads((out / "dequant.json").read_text()))
+        (out / "dequant.md").write_text(md)
+        print(md)
+        return
 
     block_size = {name: gguf.GGML_QUANT_SIZES[getattr(Q, name)] for name, _, _ in SOURCES}
     with tempfile.TemporaryDirectory() as tmp:
@@ -167,56 +233,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(exist_ok=True)
     (out / "dequant.json").write_text(json.dumps(report, indent=1) + "\n")
-    lines = [
-        "# Dequantization throughput: glmcheck vs gguf-py",
-        "",
-        f"- date: {report['date']}",
-        f"- machine: {report['machine']['cpu']}, {report['machine']['cores']} cores ({report['machine']['arch']})",
-        f"- command: `{report['command']}` (glmcheck release build: `{version}`)",
-        f"- gguf-py: {report['gguf_py']}, numpy {np.__version__}; best of {args.repeat} runs each, same tensors, same run",
-        f"- tensors: real llama.cpp blocks from the fixtures, tiled to {args.elements:,} values each",
-        "",
-        "| type | f32 values | gguf-py GB/s | glmcheck into f32 buffer GB/s | speed-up | glmcheck streaming GB/s | speed-up |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for qtype, r in results.items():
-        lines.append(
-            f"| {qtype} | {r['elements'] * 4 / 2**20:.0f} MiB | {r['gguf_py_gbps']:.3f} | "
-            f"{r['glmcheck_gbps']:.2f} | {r['speedup']:.1f}× | "
-            f"{r['glmcheck_stream_gbps']:.2f} | {r['stream_speedup']:.1f}× |"
-        )
-    lines += [
-        "",
-        "Throughput counts f32 values (×4 bytes) produced per second, best run; the data is in the page cache",
-        "(no disk I/O in either). gguf-py: `dequantize()` into a new array (its API cannot do otherwise).",
-        "glmcheck into f32 buffer: `glmcheck dequant --repeat N`, all cores, one reused buffer — bound by",
-        "memory write bandwidth (see the ceiling below). glmcheck streaming: `glmcheck dequant --stream`,",
-        "all cores decode 16 Ki-value chunks that stay in cache and fold them into the statistics, as",
-        "`shards --verify` scans expert stacks; this also computes absmax/mean/std/NaN/Inf, which",
-        "gguf-py's figure does not include.",
-        "",
-        f"End to end (one `glmcheck dequant` process over all {len(results)} tensors: open, mmap, fresh buffers,",
-        f"statistics): {end_to_end['glmcheck_process_seconds']:.3f} s = {end_to_end['glmcheck_process_gbps']:.2f} GB/s, "
-        f"{end_to_end['speedup']:.1f}× gguf-py's decode time alone ({end_to_end['gguf_py_decode_seconds']:.3f} s).",
-        "",
-        f"Ceiling: numpy filling a preallocated f32 buffer of the same size runs at {write_ceiling_gbps:.2f} GB/s (one core).",
-        "",
-        "## Against the 20× target",
-        "",
-        f"The target (issue 5) was 20× gguf-py, quoted as ≈0.2 GB/s here, i.e. ≥ 4 GB/s: glmcheck decodes at "
-        f"{min(r['glmcheck_gbps'] for r in results.values()):.1f}–{max(r['glmcheck_gbps'] for r in results.values()):.1f} GB/s "
-        f"into a buffer ({min(r['glmcheck_stream_gbps'] for r in results.values()):.1f}–{max(r['glmcheck_stream_gbps'] for r in results.values()):.1f} GB/s streaming). "
-        f"In this run, on an otherwise idle machine, gguf-py decoded at {min(r['gguf_py_gbps'] for r in results.values()):.2f}–"
-        f"{max(r['gguf_py_gbps'] for r in results.values()):.2f} GB/s (the 0.2 GB/s figure was taken while cargo was compiling on "
-        "both cores), so the same-run ratios are the speed-up columns above; at least 20× (either mode): "
-        + (", ".join(q for q, r in results.items() if max(r["speedup"], r["stream_speedup"]) >= 20) or "none")
-        + ". The others cannot get there on this machine: into a buffer glmcheck runs at about the memory write "
-        "ceiling above, and streaming is bound by candle's scalar block decoders (BF16 or Q8_0 at 20× gguf-py would "
-        "need more f32 bytes per second than the fill ceiling).",
-        "",
-    ]
-    (out / "dequant.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    (out / "dequant.md").write_text(render(report))
+    print(render(report))
 
 
 if __name__ == "__main__":
