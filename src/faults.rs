@@ -212,38 +212,37 @@ impl Fault {
 
 /// kv_b_proj with every head's k_nope rows first, then every head's v rows.
 pub fn kvb_concat(w: &Weights<'_>, p: &ParamPlan) -> Result<Tensor, WeightError> {
-    let c = w.config;
-    let (k_b, v_b) = kvb_sources(w, p)?;
-    let candle = |err| WeightError::Candle {
-        param: p.param.clone(),
-        err,
-    };
-    let h = c.num_attention_heads;
-    let k = k_b
-        .transpose(1, 2)
-        .and_then(|t| t.reshape((h * c.qk_nope_head_dim, c.kv_lora_rank)))
-        .map_err(candle)?;
-    let v = v_b
-        .reshape((h * c.v_head_dim, c.kv_lora_rank))
-        .map_err(candle)?;
-    Tensor::cat(&[&k, &v], 0).map_err(candle)
+    kvb_wrong(w, p, |k_b, v_b, c| {
+        let h = c.num_attention_heads;
+        let k = k_b
+            .transpose(1, 2)?
+            .reshape((h * c.qk_nope_head_dim, c.kv_lora_rank))?;
+        let v = v_b.reshape((h * c.v_head_dim, c.kv_lora_rank))?;
+        Tensor::cat(&[&k, &v], 0)
+    })
 }
 
 /// kv_b_proj built from attn_k_b's memory reshaped to [H, nope, kv_lora] instead of transposed.
 pub fn kvb_untransposed(w: &Weights<'_>, p: &ParamPlan) -> Result<Tensor, WeightError> {
-    let c = w.config;
+    kvb_wrong(w, p, |k_b, v_b, c| {
+        let h = c.num_attention_heads;
+        let k = k_b.reshape((h, c.qk_nope_head_dim, c.kv_lora_rank))?;
+        Tensor::cat(&[&k, v_b], 1)?
+            .reshape((h * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank))
+    })
+}
+
+/// A wrongly rebuilt kv_b_proj: `build(k_b, v_b, config)` from the GGUF's stored tensors.
+fn kvb_wrong(
+    w: &Weights<'_>,
+    p: &ParamPlan,
+    build: impl Fn(&Tensor, &Tensor, &Config) -> candle_core::Result<Tensor>,
+) -> Result<Tensor, WeightError> {
     let (k_b, v_b) = kvb_sources(w, p)?;
-    let candle = |err| WeightError::Candle {
+    build(&k_b, &v_b, w.config).map_err(|err| WeightError::Candle {
         param: p.param.clone(),
         err,
-    };
-    let h = c.num_attention_heads;
-    let k = k_b
-        .reshape((h, c.qk_nope_head_dim, c.kv_lora_rank))
-        .map_err(candle)?;
-    Tensor::cat(&[&k, &v_b], 1)
-        .and_then(|t| t.reshape((h * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank)))
-        .map_err(candle)
+    })
 }
 
 /// attn_k_b [H, kv_lora, nope] and attn_v_b [H, v, kv_lora] as stored.
