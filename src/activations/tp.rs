@@ -20,10 +20,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use candle_core::{DType, Tensor};
 
-use crate::arch::glm_dsa::{self, Idx, TpStyle, HF_TABLE, VLLM_TABLE};
+use crate::arch::glm_dsa::{self, Idx, Role, TpStyle, HF_TABLE, VLLM_TABLE};
 use crate::dump::{DumpTensor, RankDump};
 use crate::model::capture::{emit, emit_with};
-use crate::model::names::{conv, sub, LayerPaths, MlpKind, ModelPaths, Param};
+use crate::model::names::{conv, sub, LayerPaths, MlpKind, ModelPaths};
 use crate::model::{
     Capture, Experts, FeedForward, Glm5, Linear, Mla, Mlp, ModelError, Moe, VecCapture,
 };
@@ -164,7 +164,7 @@ impl Source<'_> {
     /// `dtype`.
     fn hf_rank(
         &mut self,
-        p: Param,
+        p: Role,
         layer: Option<usize>,
         r: usize,
         dtype: DType,
@@ -214,7 +214,7 @@ impl Source<'_> {
         t.to_dtype(dtype).map_err(err)
     }
 
-    fn linear(&mut self, p: Param, l: usize, r: usize) -> Result<Linear, TpError> {
+    fn linear(&mut self, p: Role, l: usize, r: usize) -> Result<Linear, TpError> {
         Ok(Linear::new(self.hf_rank(p, Some(l), r, self.dtype)?))
     }
 }
@@ -263,30 +263,30 @@ impl TpModel {
             for (l, layer) in base.layers.iter().enumerate() {
                 let li = Some(l);
                 let mut a = layer.attn.clone();
-                a.q_a = Linear::new(src.hf_rank(Param::QA, li, r, dtype)?);
-                a.kv_a = Linear::new(src.hf_rank(Param::KvA, li, r, dtype)?);
-                a.q_a_norm.weight = src.hf_rank(Param::QANorm, li, r, dtype)?;
-                a.kv_a_norm.weight = src.hf_rank(Param::KvANorm, li, r, dtype)?;
-                a.q_b = src.linear(Param::QB, l, r)?;
-                a.kv_b = src.linear(Param::KvB, l, r)?;
-                a.o = src.linear(Param::O, l, r)?;
+                a.q_a = Linear::new(src.hf_rank(Role::AttnQA, li, r, dtype)?);
+                a.kv_a = Linear::new(src.hf_rank(Role::AttnKvA, li, r, dtype)?);
+                a.q_a_norm.weight = src.hf_rank(Role::QANorm, li, r, dtype)?;
+                a.kv_a_norm.weight = src.hf_rank(Role::KvANorm, li, r, dtype)?;
+                a.q_b = src.linear(Role::AttnQB, l, r)?;
+                a.kv_b = src.linear(Role::AttnKvB, l, r)?;
+                a.o = src.linear(Role::AttnOut, l, r)?;
                 a.n_heads = heads;
-                a.indexer.wq_b = src.linear(Param::IdxQB, l, r)?;
-                a.indexer.wk = src.linear(Param::IdxK, l, r)?;
+                a.indexer.wq_b = src.linear(Role::IndexerQB, l, r)?;
+                a.indexer.wk = src.linear(Role::IndexerK, l, r)?;
                 a.indexer.weights_proj =
-                    Linear::new(src.hf_rank(Param::IdxWeights, li, r, DType::F32)?);
-                a.indexer.k_norm.weight = src.hf_rank(Param::IdxKNorm, li, r, dtype)?;
-                a.indexer.k_norm.bias = src.hf_rank(Param::IdxKNormBias, li, r, dtype)?;
+                    Linear::new(src.hf_rank(Role::IndexerWeights, li, r, DType::F32)?);
+                a.indexer.k_norm.weight = src.hf_rank(Role::IndexerKNorm, li, r, dtype)?;
+                a.indexer.k_norm.bias = src.hf_rank(Role::IndexerKNormBias, li, r, dtype)?;
                 let ffn = match &layer.ffn {
                     FeedForward::Dense(m) => FeedForward::Dense(Mlp {
-                        gate: src.linear(Param::DenseGate, l, r)?,
-                        up: src.linear(Param::DenseUp, l, r)?,
-                        down: src.linear(Param::DenseDown, l, r)?,
+                        gate: src.linear(Role::FfnGate, l, r)?,
+                        up: src.linear(Role::FfnUp, l, r)?,
+                        down: src.linear(Role::FfnDown, l, r)?,
                         paths: m.paths.clone(),
                     }),
                     FeedForward::Moe(m) => {
                         let mut router = m.router.clone();
-                        let rw = src.hf_rank(Param::Router, li, r, dtype)?;
+                        let rw = src.hf_rank(Role::Router, li, r, dtype)?;
                         router.weight = Linear::new(rw.to_dtype(DType::F32).map_err(|err| {
                             TpError::Candle {
                                 param: "router".into(),
@@ -294,19 +294,19 @@ impl TpModel {
                                 err: Box::new(err),
                             }
                         })?);
-                        router.bias = src.hf_rank(Param::RouterBias, li, r, DType::F32)?;
+                        router.bias = src.hf_rank(Role::RouterBias, li, r, DType::F32)?;
                         FeedForward::Moe(Moe {
                             router,
                             experts: Experts {
-                                gate: src.hf_rank(Param::ExpertGate, li, r, dtype)?,
-                                up: src.hf_rank(Param::ExpertUp, li, r, dtype)?,
-                                down: src.hf_rank(Param::ExpertDown, li, r, dtype)?,
+                                gate: src.hf_rank(Role::ExpertGate, li, r, dtype)?,
+                                up: src.hf_rank(Role::ExpertUp, li, r, dtype)?,
+                                down: src.hf_rank(Role::ExpertDown, li, r, dtype)?,
                                 path: m.experts.path.clone(),
                             },
                             shared: Mlp {
-                                gate: src.linear(Param::SharedGate, l, r)?,
-                                up: src.linear(Param::SharedUp, l, r)?,
-                                down: src.linear(Param::SharedDown, l, r)?,
+                                gate: src.linear(Role::SharedGate, l, r)?,
+                                up: src.linear(Role::SharedUp, l, r)?,
+                                down: src.linear(Role::SharedDown, l, r)?,
                                 paths: m.shared.paths.clone(),
                             },
                             path: m.path.clone(),
@@ -314,19 +314,19 @@ impl TpModel {
                     }
                 };
                 let mut inorm = layer.input_norm.clone();
-                inorm.weight = src.hf_rank(Param::InputNorm, li, r, dtype)?;
+                inorm.weight = src.hf_rank(Role::InputNorm, li, r, dtype)?;
                 let mut pnorm = layer.post_norm.clone();
-                pnorm.weight = src.hf_rank(Param::PostAttnNorm, li, r, dtype)?;
+                pnorm.weight = src.hf_rank(Role::PostAttnNorm, li, r, dtype)?;
                 input_norms.push(inorm);
                 post_norms.push(pnorm);
                 layers.push((a, ffn));
             }
             let mut norm = base.norm.clone();
-            norm.weight = src.hf_rank(Param::FinalNorm, None, r, dtype)?;
+            norm.weight = src.hf_rank(Role::FinalNorm, None, r, dtype)?;
             ranks.push(Rank {
                 layers,
-                embed: src.hf_rank(Param::Embed, None, r, dtype)?,
-                lm_head: src.hf_rank(Param::LmHead, None, r, dtype)?,
+                embed: src.hf_rank(Role::Embedding, None, r, dtype)?,
+                lm_head: src.hf_rank(Role::LmHead, None, r, dtype)?,
                 input_norms,
                 post_norms,
                 norm,

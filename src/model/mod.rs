@@ -33,7 +33,8 @@ pub use mlp::Mlp;
 pub use moe::{Experts, Moe, Router, Routing};
 pub use ops::{LayerNorm, Linear, RmsNorm, Rope, RopeLayout};
 
-use names::{conv, sub, LayerPaths, MlpKind, ModelPaths, Param};
+use crate::arch::glm_dsa::Role;
+use names::{conv, sub, LayerPaths, MlpKind, ModelPaths};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -114,7 +115,7 @@ struct Loader<'w, 'a> {
 }
 
 impl Loader<'_, '_> {
-    fn get(&self, p: Param, layer: Option<usize>) -> Result<Tensor, ModelError> {
+    fn get(&self, p: Role, layer: Option<usize>) -> Result<Tensor, ModelError> {
         let name = p.name(layer)?;
         let t = self.w.hf(&name)?;
         t.to_dtype(self.dtype).map_err(|e| ModelError::Candle {
@@ -124,13 +125,13 @@ impl Loader<'_, '_> {
     }
 
     /// Kept in f32 whatever the compute dtype.
-    fn f32(&self, p: Param, layer: Option<usize>) -> Result<Tensor, ModelError> {
+    fn f32(&self, p: Role, layer: Option<usize>) -> Result<Tensor, ModelError> {
         Ok(self.w.hf(&p.name(layer)?)?)
     }
 
     /// Stored in the compute dtype but computed in f32 (transformers loads the router weight in
     /// the model dtype and upcasts it in forward).
-    fn rounded_f32(&self, p: Param, layer: Option<usize>) -> Result<Tensor, ModelError> {
+    fn rounded_f32(&self, p: Role, layer: Option<usize>) -> Result<Tensor, ModelError> {
         let name = p.name(layer)?;
         let t = self.w.hf(&name)?;
         t.to_dtype(self.dtype)
@@ -141,7 +142,7 @@ impl Loader<'_, '_> {
             })
     }
 
-    fn stacked(&self, p: Param, layer: usize) -> Result<Tensor, ModelError> {
+    fn stacked(&self, p: Role, layer: usize) -> Result<Tensor, ModelError> {
         let t = self.w.hf_stacked(p.template()?, layer)?;
         t.to_dtype(self.dtype).map_err(|e| ModelError::Candle {
             module: p.module(Some(layer)).unwrap_or_default(),
@@ -149,15 +150,15 @@ impl Loader<'_, '_> {
         })
     }
 
-    fn linear(&self, p: Param, layer: Option<usize>) -> Result<Linear, ModelError> {
+    fn linear(&self, p: Role, layer: Option<usize>) -> Result<Linear, ModelError> {
         Ok(Linear::new(self.get(p, layer)?))
     }
 
     fn swiglu(
         &self,
-        gate: Param,
-        up: Param,
-        down: Param,
+        gate: Role,
+        up: Role,
+        down: Role,
         l: usize,
         paths: names::SwiGluPaths,
     ) -> Result<Mlp, ModelError> {
@@ -251,14 +252,14 @@ impl Glm5 {
             let paths = LayerPaths::new(l, moe)?;
             let li = Some(l);
             let indexer = Indexer {
-                wq_b: ld.linear(Param::IdxQB, li)?,
-                wk: ld.linear(Param::IdxK, li)?,
+                wq_b: ld.linear(Role::IndexerQB, li)?,
+                wk: ld.linear(Role::IndexerK, li)?,
                 k_norm: LayerNorm::new(
-                    ld.get(Param::IdxKNorm, li)?,
-                    ld.get(Param::IdxKNormBias, li)?,
+                    ld.get(Role::IndexerKNorm, li)?,
+                    ld.get(Role::IndexerKNormBias, li)?,
                     indexer::K_NORM_EPS,
                 ),
-                weights_proj: Linear::new(ld.f32(Param::IdxWeights, li)?),
+                weights_proj: Linear::new(ld.f32(Role::IndexerWeights, li)?),
                 n_heads: c.index_n_heads,
                 head_dim: c.index_head_dim,
                 rope_dim: c.qk_rope_head_dim,
@@ -266,13 +267,13 @@ impl Glm5 {
                 paths: paths.attn.indexer.clone(),
             };
             let attn = Mla {
-                q_a: ld.linear(Param::QA, li)?,
-                q_a_norm: RmsNorm::new(ld.get(Param::QANorm, li)?, attention::LATENT_NORM_EPS),
-                q_b: ld.linear(Param::QB, li)?,
-                kv_a: ld.linear(Param::KvA, li)?,
-                kv_a_norm: RmsNorm::new(ld.get(Param::KvANorm, li)?, attention::LATENT_NORM_EPS),
-                kv_b: ld.linear(Param::KvB, li)?,
-                o: ld.linear(Param::O, li)?,
+                q_a: ld.linear(Role::AttnQA, li)?,
+                q_a_norm: RmsNorm::new(ld.get(Role::QANorm, li)?, attention::LATENT_NORM_EPS),
+                q_b: ld.linear(Role::AttnQB, li)?,
+                kv_a: ld.linear(Role::AttnKvA, li)?,
+                kv_a_norm: RmsNorm::new(ld.get(Role::KvANorm, li)?, attention::LATENT_NORM_EPS),
+                kv_b: ld.linear(Role::AttnKvB, li)?,
+                o: ld.linear(Role::AttnOut, li)?,
                 indexer,
                 n_heads: c.num_attention_heads,
                 nope: c.qk_nope_head_dim,
@@ -286,9 +287,9 @@ impl Glm5 {
             };
             let ffn = match paths.mlp.kind.clone() {
                 MlpKind::Dense(p) => FeedForward::Dense(ld.swiglu(
-                    Param::DenseGate,
-                    Param::DenseUp,
-                    Param::DenseDown,
+                    Role::FfnGate,
+                    Role::FfnUp,
+                    Role::FfnDown,
                     l,
                     p,
                 )?),
@@ -298,8 +299,8 @@ impl Glm5 {
                     shared,
                 } => FeedForward::Moe(Moe {
                     router: Router {
-                        weight: Linear::new(ld.rounded_f32(Param::Router, li)?),
-                        bias: ld.f32(Param::RouterBias, li)?,
+                        weight: Linear::new(ld.rounded_f32(Role::Router, li)?),
+                        bias: ld.f32(Role::RouterBias, li)?,
                         top_k: c.num_experts_per_tok,
                         n_group: c.n_group,
                         topk_group: c.topk_group,
@@ -308,15 +309,15 @@ impl Glm5 {
                         path: gate,
                     },
                     experts: Experts {
-                        gate: ld.stacked(Param::ExpertGate, l)?,
-                        up: ld.stacked(Param::ExpertUp, l)?,
-                        down: ld.stacked(Param::ExpertDown, l)?,
+                        gate: ld.stacked(Role::ExpertGate, l)?,
+                        up: ld.stacked(Role::ExpertUp, l)?,
+                        down: ld.stacked(Role::ExpertDown, l)?,
                         path: experts,
                     },
                     shared: ld.swiglu(
-                        Param::SharedGate,
-                        Param::SharedUp,
-                        Param::SharedDown,
+                        Role::SharedGate,
+                        Role::SharedUp,
+                        Role::SharedDown,
                         l,
                         shared,
                     )?,
@@ -324,20 +325,20 @@ impl Glm5 {
                 }),
             };
             layers.push(DecoderLayer {
-                input_norm: RmsNorm::new(ld.get(Param::InputNorm, li)?, eps),
+                input_norm: RmsNorm::new(ld.get(Role::InputNorm, li)?, eps),
                 attn,
-                post_norm: RmsNorm::new(ld.get(Param::PostAttnNorm, li)?, eps),
+                post_norm: RmsNorm::new(ld.get(Role::PostAttnNorm, li)?, eps),
                 ffn,
                 path: paths.layer,
                 input_norm_path: paths.input_norm,
                 post_norm_path: paths.post_norm,
             });
         }
-        let embed = ld.get(Param::Embed, None)?;
+        let embed = ld.get(Role::Embedding, None)?;
         let lm_head = if c.tie_word_embeddings {
             Linear::new(embed.clone())
         } else {
-            ld.linear(Param::LmHead, None)?
+            ld.linear(Role::LmHead, None)?
         };
         let paths = ModelPaths::new()?;
         let rope = Rope::new(
@@ -350,7 +351,7 @@ impl Glm5 {
         Ok(Glm5 {
             embed,
             layers,
-            norm: RmsNorm::new(ld.get(Param::FinalNorm, None)?, eps),
+            norm: RmsNorm::new(ld.get(Role::FinalNorm, None)?, eps),
             lm_head,
             rope,
             config: c.clone(),

@@ -8,77 +8,11 @@ use crate::arch::glm_dsa::{self, HfDef, Idx, Rebuild, Role};
 
 use super::ModelError;
 
-/// Which of a layer's parameters a model struct needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Param {
-    Embed,
-    FinalNorm,
-    LmHead,
-    InputNorm,
-    PostAttnNorm,
-    QA,
-    QANorm,
-    QB,
-    KvA,
-    KvANorm,
-    KvB,
-    O,
-    IdxQB,
-    IdxK,
-    IdxKNorm,
-    IdxKNormBias,
-    IdxWeights,
-    DenseGate,
-    DenseUp,
-    DenseDown,
-    Router,
-    RouterBias,
-    ExpertGate,
-    ExpertUp,
-    ExpertDown,
-    SharedGate,
-    SharedUp,
-    SharedDown,
-}
-
-impl Param {
-    /// The table's role for this parameter.
-    fn role(self) -> Role {
-        match self {
-            Param::Embed => Role::Embedding,
-            Param::FinalNorm => Role::FinalNorm,
-            Param::LmHead => Role::LmHead,
-            Param::InputNorm => Role::InputNorm,
-            Param::PostAttnNorm => Role::PostAttnNorm,
-            Param::QA => Role::AttnQA,
-            Param::QANorm => Role::QANorm,
-            Param::QB => Role::AttnQB,
-            Param::KvA => Role::AttnKvA,
-            Param::KvANorm => Role::KvANorm,
-            Param::KvB => Role::AttnKvB,
-            Param::O => Role::AttnOut,
-            Param::IdxQB => Role::IndexerQB,
-            Param::IdxK => Role::IndexerK,
-            Param::IdxKNorm => Role::IndexerKNorm,
-            Param::IdxKNormBias => Role::IndexerKNormBias,
-            Param::IdxWeights => Role::IndexerWeights,
-            Param::DenseGate => Role::FfnGate,
-            Param::DenseUp => Role::FfnUp,
-            Param::DenseDown => Role::FfnDown,
-            Param::Router => Role::Router,
-            Param::RouterBias => Role::RouterBias,
-            Param::ExpertGate => Role::ExpertGate,
-            Param::ExpertUp => Role::ExpertUp,
-            Param::ExpertDown => Role::ExpertDown,
-            Param::SharedGate => Role::SharedGate,
-            Param::SharedUp => Role::SharedUp,
-            Param::SharedDown => Role::SharedDown,
-        }
-    }
-
+/// Model-side lookups of a parameter, by its role in the one name table.
+impl Role {
     /// The table entry of this parameter (every role has exactly one).
     pub(crate) fn def(self) -> Result<&'static HfDef, ModelError> {
-        glm_dsa::hf_def(self.role())
+        glm_dsa::hf_def(self)
             .ok_or_else(|| ModelError::NameTable(format!("{self:?}: no table entry with its role")))
     }
 
@@ -216,7 +150,7 @@ pub(crate) struct SwiGluPaths {
 }
 
 impl SwiGluPaths {
-    fn new(gate: Param, up: Param, down: Param, l: usize) -> Result<Self, ModelError> {
+    fn new(gate: Role, up: Role, down: Role, l: usize) -> Result<Self, ModelError> {
         let gate = gate.module(Some(l))?;
         let module = parent(&gate)?.to_string();
         Ok(SwiGluPaths {
@@ -231,24 +165,24 @@ impl SwiGluPaths {
 
 impl LayerPaths {
     pub(crate) fn new(l: usize, moe: bool) -> Result<Self, ModelError> {
-        let m = |p: Param| p.module(Some(l));
-        let q_a = m(Param::QA)?;
+        let m = |p: Role| p.module(Some(l));
+        let q_a = m(Role::AttnQA)?;
         let attn_module = parent(&q_a)?.to_string();
-        let wq_b = m(Param::IdxQB)?;
+        let wq_b = m(Role::IndexerQB)?;
         let indexer_module = parent(&wq_b)?.to_string();
         let layer = parent(&attn_module)?.to_string();
         let kind = if moe {
-            let gate = m(Param::Router)?;
+            let gate = m(Role::Router)?;
             MlpKind::Moe {
-                experts: m(Param::ExpertGate)?,
-                shared: SwiGluPaths::new(Param::SharedGate, Param::SharedUp, Param::SharedDown, l)?,
+                experts: m(Role::ExpertGate)?,
+                shared: SwiGluPaths::new(Role::SharedGate, Role::SharedUp, Role::SharedDown, l)?,
                 gate,
             }
         } else {
             MlpKind::Dense(SwiGluPaths::new(
-                Param::DenseGate,
-                Param::DenseUp,
-                Param::DenseDown,
+                Role::FfnGate,
+                Role::FfnUp,
+                Role::FfnDown,
                 l,
             )?)
         };
@@ -258,23 +192,23 @@ impl LayerPaths {
         };
         Ok(LayerPaths {
             layer,
-            input_norm: m(Param::InputNorm)?,
-            post_norm: m(Param::PostAttnNorm)?,
+            input_norm: m(Role::InputNorm)?,
+            post_norm: m(Role::PostAttnNorm)?,
             attn: AttnPaths {
                 module: attn_module,
                 q_a,
-                q_a_norm: m(Param::QANorm)?,
-                q_b: m(Param::QB)?,
-                kv_a: m(Param::KvA)?,
-                kv_a_norm: m(Param::KvANorm)?,
-                kv_b: m(Param::KvB)?,
-                o: m(Param::O)?,
+                q_a_norm: m(Role::QANorm)?,
+                q_b: m(Role::AttnQB)?,
+                kv_a: m(Role::AttnKvA)?,
+                kv_a_norm: m(Role::KvANorm)?,
+                kv_b: m(Role::AttnKvB)?,
+                o: m(Role::AttnOut)?,
                 indexer: IndexerPaths {
                     module: indexer_module,
                     wq_b,
-                    wk: m(Param::IdxK)?,
-                    k_norm: m(Param::IdxKNorm)?,
-                    weights_proj: m(Param::IdxWeights)?,
+                    wk: m(Role::IndexerK)?,
+                    k_norm: m(Role::IndexerKNorm)?,
+                    weights_proj: m(Role::IndexerWeights)?,
                 },
             },
             mlp: MlpPaths {
@@ -298,12 +232,12 @@ pub(crate) struct ModelPaths {
 
 impl ModelPaths {
     pub(crate) fn new() -> Result<Self, ModelError> {
-        let embed = Param::Embed.module(None)?;
+        let embed = Role::Embedding.module(None)?;
         let model = parent(&embed)?.to_string();
         Ok(ModelPaths {
             rotary: format!("{model}.{}", conv::ROTARY),
-            norm: Param::FinalNorm.module(None)?,
-            lm_head: Param::LmHead.module(None)?,
+            norm: Role::FinalNorm.module(None)?,
+            lm_head: Role::LmHead.module(None)?,
             embed,
             model,
         })
@@ -331,34 +265,34 @@ mod tests {
     #[test]
     fn every_param_resolves_to_one_entry() {
         let all = [
-            Param::Embed,
-            Param::FinalNorm,
-            Param::LmHead,
-            Param::InputNorm,
-            Param::PostAttnNorm,
-            Param::QA,
-            Param::QANorm,
-            Param::QB,
-            Param::KvA,
-            Param::KvANorm,
-            Param::KvB,
-            Param::O,
-            Param::IdxQB,
-            Param::IdxK,
-            Param::IdxKNorm,
-            Param::IdxKNormBias,
-            Param::IdxWeights,
-            Param::DenseGate,
-            Param::DenseUp,
-            Param::DenseDown,
-            Param::Router,
-            Param::RouterBias,
-            Param::ExpertGate,
-            Param::ExpertUp,
-            Param::ExpertDown,
-            Param::SharedGate,
-            Param::SharedUp,
-            Param::SharedDown,
+            Role::Embedding,
+            Role::FinalNorm,
+            Role::LmHead,
+            Role::InputNorm,
+            Role::PostAttnNorm,
+            Role::AttnQA,
+            Role::QANorm,
+            Role::AttnQB,
+            Role::AttnKvA,
+            Role::KvANorm,
+            Role::AttnKvB,
+            Role::AttnOut,
+            Role::IndexerQB,
+            Role::IndexerK,
+            Role::IndexerKNorm,
+            Role::IndexerKNormBias,
+            Role::IndexerWeights,
+            Role::FfnGate,
+            Role::FfnUp,
+            Role::FfnDown,
+            Role::Router,
+            Role::RouterBias,
+            Role::ExpertGate,
+            Role::ExpertUp,
+            Role::ExpertDown,
+            Role::SharedGate,
+            Role::SharedUp,
+            Role::SharedDown,
         ];
         let mut seen = std::collections::HashSet::new();
         for p in all {
