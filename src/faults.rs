@@ -344,6 +344,22 @@ impl Evidence<'_> {
     }
 }
 
+/// The wrong-dimension signature: the rank holds its block of another dimension.
+fn wrong_dim(e: &Evidence<'_>) -> Option<Explanation> {
+    let p = e.p;
+    let c = wrong_dim_cut(p, e.full.dims(), e.tp, e.rank)?;
+    e.same_as_cut(&c, e.full).then(|| {
+        Explanation::Fault(
+            Fault::WrongDim,
+            format!(
+                "cut along dim {} instead of dim {}",
+                c.dim,
+                p.shard_dim.unwrap_or(0)
+            ),
+        )
+    })
+}
+
 /// Tests the signatures of the known bugs against one corrupt rank tensor, most specific first.
 pub fn explain(e: &Evidence<'_>, _c: &Config) -> Explanation {
     let p = e.p;
@@ -368,17 +384,8 @@ pub fn explain(e: &Evidence<'_>, _c: &Config) -> Explanation {
                 );
             }
         }
-        if let Some(c) = wrong_dim_cut(p, e.full.dims(), e.tp, e.rank) {
-            if e.same_as_cut(&c, e.full) {
-                return Explanation::Fault(
-                    Fault::WrongDim,
-                    format!(
-                        "cut along dim {} instead of dim {}",
-                        c.dim,
-                        p.shard_dim.unwrap_or(0)
-                    ),
-                );
-            }
+        if let Some(x) = wrong_dim(e) {
+            return x;
         }
         return Explanation::ShapeMismatch { expected, found };
     }
@@ -427,17 +434,8 @@ pub fn explain(e: &Evidence<'_>, _c: &Config) -> Explanation {
                 "holds a contiguous block of the [gate; up] concatenation instead of gate shard r then up shard r".into(),
             );
         }
-        if let Some(c) = wrong_dim_cut(p, e.full.dims(), e.tp, e.rank) {
-            if e.same_as_cut(&c, e.full) {
-                return Explanation::Fault(
-                    Fault::WrongDim,
-                    format!(
-                        "cut along dim {} instead of dim {}",
-                        c.dim,
-                        p.shard_dim.unwrap_or(0)
-                    ),
-                );
-            }
+        if let Some(x) = wrong_dim(e) {
+            return x;
         }
     }
     if p.def.role() == Some(Role::AttnKvB) {
