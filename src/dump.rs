@@ -181,19 +181,9 @@ impl RankFile {
         };
         // Full validation (header, offsets, sizes) once; then keep only the header.
         SafeTensors::deserialize(&map).map_err(format)?;
+        // Non-float tensors are kept: `shards --against` reports them one by one and checks the
+        // rest; whole-rank loads ([`load_file`]) refuse them.
         let (n, meta) = SafeTensors::read_metadata(&map).map_err(format)?;
-        for (name, info) in meta.tensors() {
-            if !matches!(
-                info.dtype,
-                Dtype::F32 | Dtype::F16 | Dtype::BF16 | Dtype::F64
-            ) {
-                return Err(DumpError::Dtype {
-                    file: path.to_path_buf(),
-                    tensor: name,
-                    dtype: info.dtype,
-                });
-            }
-        }
         Ok(RankFile {
             path: path.to_path_buf(),
             map,
@@ -208,6 +198,10 @@ impl RankFile {
 
     pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
         self.meta.info(name).map(|i| i.shape.clone())
+    }
+
+    pub fn dtype(&self, name: &str) -> Option<Dtype> {
+        self.meta.info(name).map(|i| i.dtype)
     }
 
     fn bytes(&self, name: &str) -> Option<(&safetensors::tensor::TensorInfo, &[u8])> {
@@ -245,13 +239,30 @@ impl RankFile {
     }
 }
 
-/// Reads one safetensors file (memory-mapped, read-only) into memory.
+/// Whether glmcheck can read `dtype` as weights or activations (F32, F16, BF16, F64).
+pub fn is_float(dtype: Dtype) -> bool {
+    matches!(dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16 | Dtype::F64)
+}
+
+/// Reads one safetensors file (memory-mapped, read-only) into memory; a non-float tensor is an
+/// error naming it.
 pub fn load_file(path: &Path) -> Result<BTreeMap<String, DumpTensor>, DumpError> {
     let f = RankFile::open(path)?;
-    Ok(f.names()
-        .into_iter()
-        .filter_map(|n| f.get(&n).map(|t| (n, t)))
-        .collect())
+    let mut out = BTreeMap::new();
+    for name in f.names() {
+        let Some(t) = f.get(&name) else {
+            continue;
+        };
+        if !is_float(t.dtype) {
+            return Err(DumpError::Dtype {
+                file: path.to_path_buf(),
+                tensor: name,
+                dtype: t.dtype,
+            });
+        }
+        out.insert(name, t);
+    }
+    Ok(out)
 }
 
 /// Encodes f32 values as `dtype` bytes (F32, F16 or BF16).

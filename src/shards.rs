@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::arch::glm_dsa::TpStyle;
 use crate::compare::{diff, dump_dtype_rel_l2, quant_rel_l2_bound};
-use crate::dump::{DumpError, DumpTensor, RankDump, RankFile};
+use crate::dump::{is_float, DumpError, DumpTensor, RankDump, RankFile};
 use crate::faults::{explain, Evidence, Explanation, Fault};
 use crate::plan::{check_ranges, check_reassembly, per_expert, ParamPlan, ShardPlan};
 use crate::scan::{stream_stats, Stats};
@@ -243,6 +243,25 @@ pub struct AgainstReport {
     pub unexpected: Vec<String>,
     pub missing_ranks: Vec<usize>,
     pub checked: Vec<Checked>,
+    /// Parameters present in the dump that could not be compared (fail the check).
+    pub unchecked: Vec<Unchecked>,
+    /// Rank files present but unreadable (fail the check; the other ranks are still compared).
+    pub unreadable_ranks: Vec<UnreadableRank>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct UnreadableRank {
+    pub rank: usize,
+    pub error: String,
+}
+
+/// A parameter the dump holds but `--against` could not compare, and why: a non-float dtype in the
+/// dump, or a GGUF source tensor that cannot be dequantized.
+#[derive(Debug, Clone, Serialize)]
+pub struct Unchecked {
+    pub param: String,
+    pub ranks: Vec<usize>,
+    pub reason: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -334,10 +353,29 @@ pub fn against(
 ) -> Result<AgainstReport, AgainstError> {
     let tp = plan.tp;
     let mut ranks: Vec<Option<RankFile>> = Vec::with_capacity(tp);
+    let mut unreadable_ranks = Vec::new();
+    let mut first_error = None;
     for r in 0..tp {
-        ranks.push(dump.open_rank(r)?);
+        match dump.open_rank(r) {
+            Ok(f) => ranks.push(f),
+            // One broken rank file (a crashed worker's half-written dump) is reported; the other
+            // ranks are still checked. Only when no rank file can be read is it an error.
+            Err(e) => {
+                unreadable_ranks.push(UnreadableRank {
+                    rank: r,
+                    error: e.to_string(),
+                });
+                first_error.get_or_insert(e);
+                ranks.push(None);
+            }
+        }
     }
-    let missing_ranks: Vec<usize> = (0..tp).filter(|&r| ranks[r].is_none()).collect();
+    if let Some(e) = first_error.filter(|_| ranks.iter().all(Option::is_none)) {
+        return Err(e.into());
+    }
+    let missing_ranks: Vec<usize> = (0..tp)
+        .filter(|&r| ranks[r].is_none() && !unreadable_ranks.iter().any(|u| u.rank == r))
+        .collect();
     let planned: BTreeSet<&str> = plan.params.iter().map(|p| p.param.as_str()).collect();
     let mut unexpected = BTreeSet::new();
     for (r, rank) in ranks.iter().enumerate() {
@@ -360,6 +398,7 @@ pub fn against(
     let mut findings = Vec::new();
     let mut missing = Vec::new();
     let mut checked = Vec::new();
+    let mut unchecked = Vec::new();
     for p in &plan.params {
         let present: Vec<(usize, &RankFile)> = ranks
             .iter()
@@ -371,7 +410,7 @@ pub fn against(
             })
             .collect();
         let absent: Vec<usize> = (0..tp)
-            .filter(|r| !missing_ranks.contains(r) && !present.iter().any(|(pr, _)| pr == r))
+            .filter(|&r| ranks[r].is_some() && !present.iter().any(|(pr, _)| *pr == r))
             .collect();
         if present.is_empty() {
             missing.push(p.param.clone());
@@ -388,69 +427,37 @@ pub fn against(
                     .join(",")
             ));
         }
-        tick(p);
-        let quant = p
-            .dtypes
-            .iter()
-            .map(|t| quant_rel_l2_bound(*t))
-            .fold(0.0, f64::max);
-        let mut verdicts: Vec<(usize, RankVerdict, Option<ExpertCount>)> = Vec::new();
-        let n_experts = w.config.n_routed_experts;
-        let experts = per_expert(p).filter(|_| {
-            present
-                .iter()
-                .all(|(_, f)| f.shape(&p.param).and_then(|s| s.first().copied()) == Some(n_experts))
-        });
-        match (experts, p.idx.layer) {
-            (Some(q), Some(layer)) => {
-                let mut worst: Vec<Option<RankVerdict>> = (0..tp).map(|_| None).collect();
-                let mut bad = vec![0usize; tp];
-                for e in 0..n_experts {
-                    let full = expert_slice(w, p, layer, e)?;
-                    for (r, f) in &present {
-                        let Some(actual) = f.get_outer(&p.param, e) else {
-                            continue;
-                        };
-                        let v = judge(w, &q, &full, *r, &actual, quant)?;
-                        if v.class == Class::Corrupt {
-                            bad[*r] += 1;
-                        }
-                        let keep = match &worst[*r] {
-                            None => true,
-                            // The first corrupt expert explains the rank; until then the worst diff.
-                            Some(old) => {
-                                old.class != Class::Corrupt
-                                    && (v.class == Class::Corrupt || v.rel_l2 > old.rel_l2)
-                            }
-                        };
-                        if keep {
-                            worst[*r] = Some(v);
-                        }
-                    }
-                }
-                for (r, v) in worst.into_iter().enumerate() {
-                    if let Some(v) = v {
-                        verdicts.push((
-                            r,
-                            v,
-                            Some(ExpertCount {
-                                corrupt: bad[r],
-                                of: n_experts,
-                            }),
-                        ));
-                    }
-                }
-            }
-            _ => {
-                let full = w.vllm(&p.param)?;
-                for (r, f) in &present {
-                    let Some(actual) = f.get(&p.param) else {
-                        continue;
-                    };
-                    verdicts.push((*r, judge(w, p, &full, *r, &actual, quant)?, None));
-                }
-            }
+        let (present, not_float): (Vec<_>, Vec<_>) = present
+            .into_iter()
+            .partition(|(_, f)| f.dtype(&p.param).is_some_and(is_float));
+        for (r, f) in not_float {
+            unchecked.push(Unchecked {
+                param: p.param.clone(),
+                ranks: vec![r],
+                reason: format!(
+                    "{} holds it as {:?}, not a float tensor: not compared",
+                    f.path.display(),
+                    f.dtype(&p.param).unwrap_or(safetensors::Dtype::U8)
+                ),
+            });
         }
+        if present.is_empty() {
+            continue;
+        }
+        tick(p);
+        let verdicts = match compare_param(w, p, &present, tp) {
+            Ok(v) => v,
+            Err(e) => {
+                // One parameter that cannot be rebuilt (an undecodable GGUF tensor) is reported;
+                // the rest are still checked.
+                unchecked.push(Unchecked {
+                    param: p.param.clone(),
+                    ranks: present.iter().map(|(r, _)| *r).collect(),
+                    reason: e.to_string(),
+                });
+                continue;
+            }
+        };
         let mut per_rank: Vec<(usize, Explanation, f64, f64)> = Vec::new();
         for (r, v, experts) in verdicts {
             checked.push(Checked {
@@ -485,8 +492,10 @@ pub fn against(
                 &b.param,
             ))
     });
-    let fail =
-        !findings.is_empty() || (strict && (!missing.is_empty() || !missing_ranks.is_empty()));
+    let fail = !findings.is_empty()
+        || !unchecked.is_empty()
+        || !unreadable_ranks.is_empty()
+        || (strict && (!missing.is_empty() || !missing_ranks.is_empty()));
     Ok(AgainstReport {
         verdict: if fail { "fail" } else { "pass" }.into(),
         tp,
@@ -495,7 +504,82 @@ pub fn against(
         unexpected: unexpected.into_iter().collect(),
         missing_ranks,
         checked,
+        unchecked,
+        unreadable_ranks,
     })
+}
+
+/// Every present rank's copy of `p` against its expected shard: one verdict per rank (per rank, the
+/// first corrupt expert's for an expert stack, with the count of corrupt experts).
+fn compare_param(
+    w: &Weights<'_>,
+    p: &ParamPlan,
+    present: &[(usize, &RankFile)],
+    tp: usize,
+) -> Result<Vec<(usize, RankVerdict, Option<ExpertCount>)>, WeightError> {
+    let quant = p
+        .dtypes
+        .iter()
+        .map(|t| quant_rel_l2_bound(*t))
+        .fold(0.0, f64::max);
+    let mut verdicts: Vec<(usize, RankVerdict, Option<ExpertCount>)> = Vec::new();
+    let n_experts = w.config.n_routed_experts;
+    let experts = per_expert(p).filter(|_| {
+        present
+            .iter()
+            .all(|(_, f)| f.shape(&p.param).and_then(|s| s.first().copied()) == Some(n_experts))
+    });
+    match (experts, p.idx.layer) {
+        (Some(q), Some(layer)) => {
+            let mut worst: Vec<Option<RankVerdict>> = (0..tp).map(|_| None).collect();
+            let mut bad = vec![0usize; tp];
+            for e in 0..n_experts {
+                let full = expert_slice(w, p, layer, e)?;
+                for (r, f) in present {
+                    let Some(actual) = f.get_outer(&p.param, e) else {
+                        continue;
+                    };
+                    let v = judge(w, &q, &full, *r, &actual, quant)?;
+                    if v.class == Class::Corrupt {
+                        bad[*r] += 1;
+                    }
+                    let keep = match &worst[*r] {
+                        None => true,
+                        // The first corrupt expert explains the rank; until then the worst diff.
+                        Some(old) => {
+                            old.class != Class::Corrupt
+                                && (v.class == Class::Corrupt || v.rel_l2 > old.rel_l2)
+                        }
+                    };
+                    if keep {
+                        worst[*r] = Some(v);
+                    }
+                }
+            }
+            for (r, v) in worst.into_iter().enumerate() {
+                if let Some(v) = v {
+                    verdicts.push((
+                        r,
+                        v,
+                        Some(ExpertCount {
+                            corrupt: bad[r],
+                            of: n_experts,
+                        }),
+                    ));
+                }
+            }
+        }
+        _ => {
+            let full = w.vllm(&p.param)?;
+            for (r, f) in present {
+                let Some(actual) = f.get(&p.param) else {
+                    continue;
+                };
+                verdicts.push((*r, judge(w, p, &full, *r, &actual, quant)?, None));
+            }
+        }
+    }
+    Ok(verdicts)
 }
 
 /// One expert's slice of a stacked vLLM expert parameter: its HF parts concatenated ([2I, H] for

@@ -18,14 +18,21 @@
 //! special tokens, so `[gMASK]` typed in a prompt becomes its id, as in HF and llama.cpp.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::BPE;
+use tokenizers::models::ModelWrapper;
+use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
+use tokenizers::processors::PostProcessorWrapper;
+use tokenizers::{
+    AddedToken, PreTokenizedString, PreTokenizer, SplitDelimiterBehavior, TokenizerImpl,
+};
 
 use crate::gguf::{GgufModel, Value};
 
@@ -96,7 +103,7 @@ pub const KNOWN_PRE: &[&str] = &[
 /// A GGUF's tokenizer.
 #[derive(Debug, Clone)]
 pub struct GgufTokenizer {
-    inner: Tokenizer,
+    inner: InnerTokenizer,
     /// `tokenizer.ggml.pre` (`default` when absent, as llama.cpp assumes).
     pub pre: String,
     /// Number of entries in `tokenizer.ggml.tokens`.
@@ -127,22 +134,51 @@ fn string_array(model: &GgufModel, key: &'static str) -> Result<Vec<String>, Tok
         .collect()
 }
 
-fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper, TokenizerError> {
+/// A pre-tokenizer shared by every tokenizer of the process that uses it. Compiling
+/// [`REGEX_CHATGLM4`] (fancy-regex, Unicode classes) costs milliseconds, and `tokenizers`'
+/// `Split::clone` compiles it again, so it is compiled once and shared behind an `Arc`.
+#[derive(Debug, Clone)]
+pub struct SharedPreTokenizer(Arc<PreTokenizerWrapper>);
+
+impl PreTokenizer for SharedPreTokenizer {
+    fn pre_tokenize(&self, pretokenized: &mut PreTokenizedString) -> tokenizers::Result<()> {
+        self.0.pre_tokenize(pretokenized)
+    }
+}
+
+/// The `tokenizers` tokenizer with the shared pre-tokenizer.
+pub type InnerTokenizer = TokenizerImpl<
+    ModelWrapper,
+    NormalizerWrapper,
+    SharedPreTokenizer,
+    PostProcessorWrapper,
+    DecoderWrapper,
+>;
+
+fn chatglm4_pre_tokenizer() -> Result<PreTokenizerWrapper, String> {
+    let split = Split::new(
+        SplitPattern::Regex(REGEX_CHATGLM4.to_string()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(Sequence::new(vec![
+        split.into(),
+        ByteLevel::new(false, true, false).into(),
+    ])
+    .into())
+}
+
+fn pre_tokenizer(pre: &str) -> Result<SharedPreTokenizer, TokenizerError> {
+    static CHATGLM4: OnceLock<Result<SharedPreTokenizer, String>> = OnceLock::new();
     match pre {
-        "glm4" | "chatglm-bpe" | "llama3" | "llama-bpe" | "smaug-bpe" | "dbrx" => {
-            let split = Split::new(
-                SplitPattern::Regex(REGEX_CHATGLM4.to_string()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(|e| TokenizerError::Build(e.to_string()))?;
-            Ok(Sequence::new(vec![
-                split.into(),
-                ByteLevel::new(false, true, false).into(),
-            ])
-            .into())
-        }
-        "gpt2" | "default" => Ok(ByteLevel::new(false, true, true).into()),
+        "glm4" | "chatglm-bpe" | "llama3" | "llama-bpe" | "smaug-bpe" | "dbrx" => CHATGLM4
+            .get_or_init(|| chatglm4_pre_tokenizer().map(|p| SharedPreTokenizer(Arc::new(p))))
+            .clone()
+            .map_err(TokenizerError::Build),
+        "gpt2" | "default" => Ok(SharedPreTokenizer(Arc::new(
+            ByteLevel::new(false, true, true).into(),
+        ))),
         other => Err(TokenizerError::UnknownPre(other.to_string())),
     }
 }
@@ -221,7 +257,7 @@ impl GgufTokenizer {
             .vocab_and_merges(vocab, merges)
             .build()
             .map_err(|e| TokenizerError::Build(e.to_string()))?;
-        let mut inner = Tokenizer::new(bpe);
+        let mut inner = InnerTokenizer::new(bpe.into());
         inner.with_pre_tokenizer(Some(pre_tok));
         inner.with_decoder(Some(ByteLevelDecoder::new(true, true, true)));
         let specials: Vec<AddedToken> = tokens
@@ -291,7 +327,7 @@ impl GgufTokenizer {
     }
 
     /// The underlying `tokenizers` tokenizer.
-    pub fn inner(&self) -> &Tokenizer {
+    pub fn inner(&self) -> &InnerTokenizer {
         &self.inner
     }
 }

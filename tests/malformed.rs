@@ -52,11 +52,9 @@ fn run_on(bytes: &[u8]) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.gguf");
     std::fs::write(&path, bytes).unwrap();
-    let start = std::time::Instant::now();
-    let out = glmcheck(&["inspect", path.to_str().unwrap()]);
-    assert!(start.elapsed().as_secs_f64() < 2.0, "took too long");
+    // Within 2 s and 100 MiB of peak RSS, no panic.
+    let out = glmcheck_bounded(&["inspect", path.to_str().unwrap()]);
     let err = stderr(&out);
-    assert!(!err.contains("panicked"), "panic: {err}");
     if out.status.code() == Some(2) {
         assert!(
             err.contains("bad.gguf"),

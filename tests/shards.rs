@@ -627,3 +627,309 @@ fn report_is_written_atomically_and_never_over_an_input() {
         .collect();
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
 }
+
+/// Re-writes a rank file with `edit` applied to its tensors (name, dtype, shape, bytes).
+fn edit_rank(
+    path: &std::path::Path,
+    edit: impl Fn(&str, &mut safetensors::Dtype, &mut Vec<usize>),
+) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    for (n, dtype, shape, _) in &mut owned {
+        edit(n, dtype, shape);
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+#[test]
+fn a_dump_with_a_wrong_shape_or_a_non_float_dtype_is_reported_and_the_rest_checked() {
+    let dir = inject("tiny-F32", "none", 2, &[]);
+    let norm = "model.layers.0.input_layernorm.weight";
+    let q_b = "model.layers.2.self_attn.q_b_proj.weight";
+    edit_rank(&dir.path().join("rank0.safetensors"), |n, dtype, shape| {
+        if n == norm {
+            *dtype = safetensors::Dtype::I32; // same bytes, declared as integers
+        }
+        if n == q_b {
+            shape.reverse(); // same values, the transposed shape
+        }
+    });
+    let out = glmcheck_bounded(&[
+        "shards",
+        gguf("tiny-F32").to_str().unwrap(),
+        "--tp",
+        "2",
+        "--against",
+        dir.path().to_str().unwrap(),
+        "--json",
+        "-q",
+    ]);
+    let (code, r) = (out.status.code(), json_of(&out));
+    assert_eq!(code, Some(1), "{r}");
+    assert_eq!(r["verdict"], "fail");
+    let unchecked = r["unchecked"].as_array().unwrap();
+    assert_eq!(unchecked.len(), 1, "{r}");
+    assert_eq!(unchecked[0]["param"], norm);
+    assert_eq!(unchecked[0]["ranks"], serde_json::json!([0]));
+    assert!(
+        unchecked[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("I32, not a float tensor"),
+        "{r}"
+    );
+    let findings = r["findings"].as_array().unwrap();
+    assert_eq!(findings.len(), 1, "{r}");
+    assert_eq!(findings[0]["param"], q_b);
+    assert_eq!(findings[0]["ranks"], serde_json::json!([0]));
+    // Everything else was still compared: rank 1's copy of the norm, every other parameter.
+    let checked = r["checked"].as_array().unwrap();
+    assert!(checked.iter().any(|c| c["param"] == norm && c["rank"] == 1));
+    let n_params = checked
+        .iter()
+        .map(|c| c["param"].as_str().unwrap())
+        .collect::<BTreeSet<_>>()
+        .len();
+    assert!(n_params > 40, "{n_params} parameters checked");
+    // The human report says it too.
+    let out = glmcheck_bounded(&[
+        "shards",
+        gguf("tiny-F32").to_str().unwrap(),
+        "--tp",
+        "2",
+        "--against",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains(&format!("not checked: {norm} on rank(s) 0:")),
+        "{}",
+        stdout(&out)
+    );
+    // A rank file cut short (a crashed worker): named, the other rank still checked; exit 1.
+    let rank1 = dir.path().join("rank1.safetensors");
+    let len = std::fs::metadata(&rank1).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&rank1)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let out = glmcheck_bounded(&[
+        "shards",
+        gguf("tiny-F32").to_str().unwrap(),
+        "--tp",
+        "2",
+        "--against",
+        dir.path().to_str().unwrap(),
+        "--json",
+        "-q",
+    ]);
+    let r1 = json_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{r1}");
+    let u = &r1["unreadable_ranks"];
+    assert_eq!(u.as_array().map(Vec::len), Some(1), "{r1}");
+    assert_eq!(u[0]["rank"], 1);
+    assert!(
+        u[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("rank1.safetensors"),
+        "{r1}"
+    );
+    assert_eq!(r1["missing_ranks"], serde_json::json!([]));
+    assert!(r1["missing"].as_array().unwrap().is_empty(), "{r1}");
+    assert!(r1["checked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["rank"] == 0));
+    assert_eq!(r1["findings"].as_array().map(Vec::len), Some(1), "{r1}");
+    // Both cut: nothing to check, exit 2 naming the file.
+    let rank0 = dir.path().join("rank0.safetensors");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&rank0)
+        .unwrap()
+        .set_len(100)
+        .unwrap();
+    let out = glmcheck_bounded(&[
+        "shards",
+        gguf("tiny-F32").to_str().unwrap(),
+        "--tp",
+        "2",
+        "--against",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("rank0.safetensors"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// A copy of the F32 fixture with `name` retyped (its bytes zero) and a NaN and an Inf written
+/// into `nan_in`.
+fn doctored_copy(
+    dir: &std::path::Path,
+    retype: Option<(&str, GgmlType)>,
+    nan_in: Option<&str>,
+) -> std::path::PathBuf {
+    use glmcheck::gguf::writer::{write_gguf, WriteTensor};
+    let model = GgufModel::open(&gguf("tiny-F32")).unwrap();
+    let tensors: Vec<_> = model.tensors().collect();
+    let mut data: Vec<Vec<u8>> = tensors.iter().map(|t| t.bytes().to_vec()).collect();
+    let mut types: Vec<GgmlType> = tensors.iter().map(|t| t.info.dtype).collect();
+    for (i, t) in tensors.iter().enumerate() {
+        if let Some((_, ty)) = retype.filter(|(n, _)| *n == t.info.name) {
+            let bytes = ty.bytes_for(t.info.n_elements()).unwrap();
+            data[i] = vec![0u8; bytes as usize];
+            types[i] = ty;
+        }
+        if nan_in == Some(t.info.name.as_str()) {
+            data[i][0..4].copy_from_slice(&f32::NAN.to_le_bytes());
+            data[i][8..12].copy_from_slice(&f32::INFINITY.to_le_bytes());
+        }
+    }
+    let meta: Vec<_> = model
+        .metadata()
+        .iter()
+        .map(|e| (e.key.clone(), e.value.clone()))
+        .collect();
+    let write: Vec<WriteTensor> = tensors
+        .iter()
+        .zip(&data)
+        .zip(&types)
+        .map(|((t, d), ty)| WriteTensor {
+            name: t.info.name.clone(),
+            ne: t.info.ne.clone(),
+            dtype: *ty,
+            data: Some(d),
+        })
+        .collect();
+    let path = dir.join("doctored.gguf");
+    write_gguf(
+        &mut std::fs::File::create(&path).unwrap(),
+        &meta,
+        &write,
+        32,
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn an_undecodable_gguf_tensor_is_reported_and_the_rest_checked() {
+    let dump = inject("tiny-F32", "none", 2, &[]);
+    let tmp = tempfile::tempdir().unwrap();
+    let path = doctored_copy(
+        tmp.path(),
+        Some(("blk.0.attn_q_a.weight", GgmlType::IQ2_XXS)),
+        None,
+    );
+    let out = glmcheck_bounded(&[
+        "shards",
+        path.to_str().unwrap(),
+        "--tp",
+        "2",
+        "--against",
+        dump.path().to_str().unwrap(),
+        "--json",
+        "-q",
+    ]);
+    let r = json_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{r}");
+    let unchecked = r["unchecked"].as_array().unwrap();
+    assert_eq!(unchecked.len(), 1, "{r}");
+    assert_eq!(
+        unchecked[0]["param"],
+        "model.layers.0.self_attn.fused_qkv_a_proj.weight"
+    );
+    assert_eq!(unchecked[0]["ranks"], serde_json::json!([0, 1]));
+    assert!(
+        unchecked[0]["reason"].as_str().unwrap().contains("IQ2_XXS"),
+        "{r}"
+    );
+    assert!(r["findings"].as_array().unwrap().is_empty(), "{r}");
+    assert!(r["checked"].as_array().unwrap().len() > 80, "{r}");
+    // --verify: the same parameter fails alone, the others are verified.
+    let out = glmcheck_bounded(&[
+        "shards",
+        path.to_str().unwrap(),
+        "--tp",
+        "2",
+        "--verify",
+        "--json",
+        "-q",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v = json_of(&out);
+    let params = v["params"].as_array().unwrap();
+    let bad: Vec<_> = params
+        .iter()
+        .filter(|p| !p["problems"].as_array().unwrap().is_empty())
+        .collect();
+    assert_eq!(bad.len(), 1, "{v}");
+    assert_eq!(
+        bad[0]["param"],
+        "model.layers.0.self_attn.fused_qkv_a_proj.weight"
+    );
+    assert!(bad[0]["problems"].to_string().contains("IQ2_XXS"), "{v}");
+}
+
+#[test]
+fn nan_and_inf_in_weights_are_findings_not_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = doctored_copy(tmp.path(), None, Some("blk.2.attn_output.weight"));
+    let out = glmcheck_bounded(&[
+        "shards",
+        path.to_str().unwrap(),
+        "--tp",
+        "2",
+        "--verify",
+        "--json",
+        "-q",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v = json_of(&out);
+    let bad: Vec<_> = v["params"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["nan"] != 0 || p["inf"] != 0)
+        .collect();
+    assert_eq!(bad.len(), 1, "{v}");
+    assert_eq!(bad[0]["param"], "model.layers.2.self_attn.o_proj.weight");
+    assert_eq!(
+        (bad[0]["nan"].as_u64(), bad[0]["inf"].as_u64()),
+        (Some(1), Some(1))
+    );
+    let out = glmcheck_bounded(&["dequant", path.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = d["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "blk.2.attn_output.weight")
+        .unwrap();
+    assert_eq!(
+        (row["nan"].as_u64(), row["inf"].as_u64()),
+        (Some(1), Some(1))
+    );
+}

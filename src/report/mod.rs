@@ -365,6 +365,21 @@ pub fn against_text(r: &crate::shards::AgainstReport) -> String {
         quant,
         r.checked.len() - matched - quant
     ));
+    for u in &r.unreadable_ranks {
+        out.push_str(&format!("rank {} not checked: {}\n", u.rank, u.error));
+    }
+    for u in &r.unchecked {
+        out.push_str(&format!(
+            "not checked: {} on rank(s) {}: {}\n",
+            u.param,
+            u.ranks
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+            u.reason
+        ));
+    }
     if !r.missing_ranks.is_empty() {
         out.push_str(&format!("missing rank files: {:?}\n", r.missing_ranks));
     }

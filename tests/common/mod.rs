@@ -38,6 +38,86 @@ pub fn glmcheck(args: &[&str]) -> Output {
         .expect("run glmcheck")
 }
 
+/// A run of the binary with its wall time and peak resident memory (from `wait4`'s rusage: the
+/// child's own maximum RSS, not the test process's).
+pub struct Measured {
+    pub out: Output,
+    pub wall: std::time::Duration,
+    pub max_rss_mib: f64,
+}
+
+/// Malformed-input budget (issue 3): every case ends within this many seconds …
+pub const MAX_SECONDS: f64 = 2.0;
+/// … and this peak RSS.
+pub const MAX_RSS_MIB: f64 = 100.0;
+
+// The child is reaped by `wait4` below (std's `wait` would not return its rusage).
+#[allow(clippy::zombie_processes)]
+pub fn glmcheck_measured(args: &[&str]) -> Measured {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let start = std::time::Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_glmcheck"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run glmcheck");
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            r.read_to_end(&mut v).expect("read child output");
+            v
+        })
+    };
+    let so = drain(Box::new(child.stdout.take().expect("stdout")));
+    let se = drain(Box::new(child.stderr.take().expect("stderr")));
+    let pid = child.id() as libc::pid_t;
+    let mut status: libc::c_int = 0;
+    // SAFETY: plain syscall on our own child; `rusage` is plain old data, zeroed is valid.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let got = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(got, pid, "wait4: {}", std::io::Error::last_os_error());
+    let wall = start.elapsed();
+    // A measurement of zero would make every bound pass: any real process maps more than this.
+    assert!(
+        usage.ru_maxrss > 512,
+        "implausible ru_maxrss {} KiB",
+        usage.ru_maxrss
+    );
+    Measured {
+        out: Output {
+            status: std::process::ExitStatus::from_raw(status),
+            stdout: so.join().expect("stdout thread"),
+            stderr: se.join().expect("stderr thread"),
+        },
+        wall,
+        // Linux reports ru_maxrss in KiB.
+        max_rss_mib: usage.ru_maxrss as f64 / 1024.0,
+    }
+}
+
+/// Runs the binary on a malformed input and checks the budget: no panic, within [`MAX_SECONDS`] and
+/// [`MAX_RSS_MIB`].
+pub fn glmcheck_bounded(args: &[&str]) -> Output {
+    let m = glmcheck_measured(args);
+    let err = stderr(&m.out);
+    assert!(!err.contains("panicked"), "panic: {args:?}: {err}");
+    assert!(
+        m.wall.as_secs_f64() < MAX_SECONDS,
+        "{args:?} took {:.2} s: {err}",
+        m.wall.as_secs_f64()
+    );
+    assert!(
+        m.max_rss_mib < MAX_RSS_MIB,
+        "{args:?} peaked at {:.1} MiB RSS: {err}",
+        m.max_rss_mib
+    );
+    m.out
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
