@@ -121,7 +121,11 @@ Exit codes: 0 all decoded and finite, 1 NaN/Inf values or undecodable tensors, 2
   glmcheck shards model.gguf --tensor '*kv_b_proj*' --verify
   glmcheck shards model.gguf --tp 8 --against /dumps/weights   # rank0.safetensors … rank7.safetensors
 
-Exit codes: 0 sound / pass, 1 problems or at least one corrupt finding, 2 unreadable or malformed input.")]
+With --against, what cannot be compared (a non-float dump tensor, an undecodable GGUF tensor, an
+unreadable rank file) is reported and the rest still checked.
+
+Exit codes: 0 sound / pass, 1 problems, a corrupt finding or something not checked, 2 unreadable or
+malformed input (with --against: no rank file readable).")]
     Shards {
         /// The GGUF file (or any part of a split set).
         file: PathBuf,
