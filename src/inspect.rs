@@ -209,11 +209,11 @@ pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String
     let mut check = |problems: &mut Vec<Problem>,
                      tensor: String,
                      shape: Vec<usize>,
-                     for_param: &str| {
+                     for_param: &dyn Fn() -> String| {
         match model.tensor(&tensor) {
             None => problems.push(Problem {
                 kind: ProblemKind::Missing,
-                message: format!("`{tensor}` (for {for_param}) is not in the file"),
+                message: format!("`{tensor}` (for {}) is not in the file", for_param()),
                 tensor: Some(tensor.clone()),
                 expected: Some(shape),
                 found: None,
@@ -224,7 +224,8 @@ pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String
                     problems.push(Problem {
                         kind: ProblemKind::WrongShape,
                         message: format!(
-                            "`{tensor}` has shape {found:?}, the config implies {shape:?} (for {for_param})"
+                            "`{tensor}` has shape {found:?}, the config implies {shape:?} (for {})",
+                            for_param()
                         ),
                         tensor: Some(tensor.clone()),
                         expected: Some(shape),
@@ -235,23 +236,63 @@ pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String
         }
         expected.insert(tensor);
     };
-    let layers: Vec<Option<usize>> = std::iter::once(None)
-        .chain((0..c.num_hidden_layers).map(Some))
+    let applies = |d: &glm_dsa::HfDef, layer: Option<usize>| {
+        let in_scope = match layer {
+            None => d.scope == glm_dsa::Scope::Global,
+            Some(l) => d.scope.has_layer(c, l),
+        };
+        in_scope && !(d.role == glm_dsa::Role::LmHead && c.tie_word_embeddings)
+    };
+    // Layers with no tensor at all (a block_count that overstates the file, a part of a split set
+    // made for another model) are one problem per run of layers, not one per tensor.
+    let present_layers: HashSet<usize> = model
+        .tensors()
+        .filter_map(|t| glm_dsa::gguf_layer(&t.info.name))
         .collect();
-    for layer in layers {
-        for d in glm_dsa::HF_TABLE.iter() {
-            let applies = match layer {
-                None => d.scope == glm_dsa::Scope::Global,
-                Some(l) => d.scope.has_layer(c, l),
+    let mut absent: Option<(usize, usize, usize)> = None; // (first, last, tensors expected)
+    let flush = |problems: &mut Vec<Problem>, absent: &mut Option<(usize, usize, usize)>| {
+        if let Some((a, b, n)) = absent.take() {
+            let which = if a == b {
+                format!("layer {a} has")
+            } else {
+                format!("layers {a}–{b} have")
             };
-            if !applies || (d.role == glm_dsa::Role::LmHead && c.tie_word_embeddings) {
+            problems.push(Problem {
+                kind: ProblemKind::Missing,
+                message: format!(
+                    "{which} no tensors in the file ({n} expected from the config; \
+                     is `block_count` right, is a part of the split set missing?)"
+                ),
+                tensor: None,
+                expected: None,
+                found: None,
+            });
+        }
+    };
+    let layers = std::iter::once(None).chain((0..c.num_hidden_layers).map(Some));
+    for layer in layers {
+        if let Some(l) = layer.filter(|l| !present_layers.contains(l)) {
+            let n: usize = glm_dsa::HF_TABLE
+                .iter()
+                .filter(|d| applies(d, layer))
+                .map(|d| d.gguf.len())
+                .sum();
+            absent = match absent {
+                Some((a, _, m)) => Some((a, l, m + n)),
+                None => Some((l, l, n)),
+            };
+            continue;
+        }
+        flush(&mut problems, &mut absent);
+        for d in glm_dsa::HF_TABLE.iter() {
+            if !applies(d, layer) {
                 continue;
             }
             let idx = Idx {
                 layer,
                 expert: None,
             };
-            let param = glm_dsa::name(d.hf, idx).replace("{E}", "*");
+            let param = || glm_dsa::name(d.hf, idx).replace("{E}", "*");
             let use_legacy = d.legacy.filter(|lg| {
                 model.tensor(&glm_dsa::name(d.gguf[0].name, idx)).is_none()
                     && model.tensor(&glm_dsa::name(lg.name, idx)).is_some()
@@ -270,6 +311,7 @@ pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String
             }
         }
     }
+    flush(&mut problems, &mut absent);
     let mut notes = Vec::new();
     let mut mtp = 0;
     for t in model.tensors() {
