@@ -170,8 +170,11 @@ pub fn dequantize(name: &str, dtype: GgmlType, bytes: &[u8]) -> Result<Vec<f32>,
 /// Below this many output values a tensor is decoded on the calling thread.
 const PARALLEL_MIN: usize = 1 << 16;
 
+/// Worker threads: the available parallelism, asked once per process (std reads the cgroup
+/// quota files on every call, which cost more than decoding a small tensor).
 fn threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// `bytes` as blocks of `T`: borrowed when aligned, copied when not.
