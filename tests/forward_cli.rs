@@ -3,13 +3,15 @@
 //! bounds), ties told apart from divergence, `--dsa dense`, dumps, and `diff` naming a perturbed
 //! module. `measure_tolerances` (ignored) prints the figures behind `Tolerances::for_profile`.
 
-use std::collections::HashMap;
+mod common;
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Instant;
 
 use candle_core::Device;
+use common::rewrite_safetensors;
 use glmcheck::activations::forward::{self, ForwardSpec};
 use glmcheck::activations::{
     weight_class, Activations, ComputeDtype, Role, Status, TieClass, Tolerances,
@@ -621,14 +623,9 @@ fn diff_of_a_fixture_with_itself_exits_0() {
 #[test]
 fn diff_names_the_one_perturbed_module() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let bytes = std::fs::read(acts("prompt0")).expect("read");
-    let (_, header) = SafeTensors::read_metadata(&bytes).expect("header");
-    let metadata: HashMap<String, String> = header.metadata().clone().expect("metadata");
-    let st = SafeTensors::deserialize(&bytes).expect("deserialize");
     let target = "model.layers.1.self_attn.kv_b_proj";
-    let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
-    for (name, view) in st.tensors() {
-        let mut data = view.data().to_vec();
+    let path = dir.path().join("perturbed.safetensors");
+    rewrite_safetensors(&acts("prompt0"), &path, |name, _, _, data| {
         if name == target {
             // Scale every 7th value by 1.5: rel-L2 ≈ 0.19.
             for (i, c) in data.chunks_exact_mut(4).enumerate() {
@@ -638,19 +635,8 @@ fn diff_names_the_one_perturbed_module() {
                 }
             }
         }
-        owned.push((name, view.dtype(), view.shape().to_vec(), data));
-    }
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = owned
-        .iter()
-        .map(|(n, d, s, b)| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(*d, s.clone(), b).expect("view"),
-            )
-        })
-        .collect();
-    let path = dir.path().join("perturbed.safetensors");
-    safetensors::tensor::serialize_to_file(views, Some(metadata), &path).expect("write");
+        true
+    });
 
     let (code, v, err) = run_json(&[
         "diff",
@@ -941,4 +927,46 @@ fn tp_forward_on_a_faulty_dump_diverges_where_the_fault_is() {
             }
         }
     }
+}
+
+/// A reference dump with one module missing and one of another shape: the missing one is listed,
+/// the mis-shaped one diverges by its shape, every other module is still compared.
+#[test]
+fn a_reference_with_a_missing_or_misshaped_module_is_reported_and_the_rest_compared() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gone = "model.layers.1.mlp.gate";
+    let reshaped = "model.layers.2.self_attn.o_proj";
+    let path = dir.path().join("partial.safetensors");
+    rewrite_safetensors(&acts("prompt0"), &path, |name, _, shape, _| {
+        if name == reshaped {
+            let n: usize = shape.iter().product();
+            *shape = vec![n]; // the same values, flattened
+        }
+        name != gone
+    });
+    // The partial dump is the reference (diff REFERENCE CANDIDATE).
+    let (code, v, err) = run_json(&[
+        "diff",
+        path.to_str().expect("utf-8"),
+        acts("prompt0").to_str().expect("utf-8"),
+        "--json",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(v["only_candidate"], serde_json::json!([gone]), "{v:#}");
+    assert_eq!(v["first_divergence"]["module"], reshaped, "{v:#}");
+    let modules = v["modules"].as_array().expect("modules");
+    let status = |m: &str| {
+        modules
+            .iter()
+            .find(|r| r["name"] == m)
+            .map(|r| r["status"].clone())
+    };
+    assert_eq!(status(reshaped), Some(Json::from("diverged")), "{v:#}");
+    assert_eq!(status(gone), None);
+    let matched = modules.iter().filter(|m| m["status"] == "match").count();
+    assert!(
+        matched > 50,
+        "{matched} modules still compared and matching"
+    );
+    assert_eq!(status("lm_head"), Some(Json::from("match")));
 }

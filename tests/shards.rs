@@ -628,45 +628,20 @@ fn report_is_written_atomically_and_never_over_an_input() {
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
 }
 
-/// Re-writes a rank file with `edit` applied to its tensors (name, dtype, shape, bytes).
-fn edit_rank(
-    path: &std::path::Path,
-    edit: impl Fn(&str, &mut safetensors::Dtype, &mut Vec<usize>),
-) {
-    let bytes = std::fs::read(path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
-        .collect();
-    for (n, dtype, shape, _) in &mut owned {
-        edit(n, dtype, shape);
-    }
-    let views: Vec<(String, safetensors::tensor::TensorView)> = owned
-        .iter()
-        .map(|(n, d, s, b)| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
-            )
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, path).unwrap();
-}
-
 #[test]
 fn a_dump_with_a_wrong_shape_or_a_non_float_dtype_is_reported_and_the_rest_checked() {
     let dir = inject("tiny-F32", "none", 2, &[]);
     let norm = "model.layers.0.input_layernorm.weight";
     let q_b = "model.layers.2.self_attn.q_b_proj.weight";
-    edit_rank(&dir.path().join("rank0.safetensors"), |n, dtype, shape| {
+    let rank0 = dir.path().join("rank0.safetensors");
+    rewrite_safetensors(&rank0, &rank0, |n, dtype, shape, _| {
         if n == norm {
             *dtype = safetensors::Dtype::I32; // same bytes, declared as integers
         }
         if n == q_b {
             shape.reverse(); // same values, the transposed shape
         }
+        true
     });
     let out = glmcheck_bounded(&[
         "shards",

@@ -211,6 +211,9 @@ fn a_block_count_that_overstates_the_file_is_one_problem_per_run_of_layers() {
     let problems = r["problems"].as_array().unwrap();
     assert_eq!(problems.len(), 1, "{}", r["problems"]);
     let msg = problems[0]["message"].as_str().unwrap();
-    assert!(msg.starts_with("layers 3–999 have no tensors in the file"), "{msg}");
+    assert!(
+        msg.starts_with("layers 3–999 have no tensors in the file"),
+        "{msg}"
+    );
     assert_eq!(problems[0]["kind"], "missing");
 }

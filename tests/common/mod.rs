@@ -118,6 +118,38 @@ pub fn glmcheck_bounded(args: &[&str]) -> Output {
     m.out
 }
 
+/// Copies the safetensors file `src` to `dst` (the same path is fine) with `edit` applied to each
+/// tensor's name, dtype, shape and bytes; tensors for which `edit` returns false are dropped. The
+/// header's metadata is kept.
+pub fn rewrite_safetensors(
+    src: &Path,
+    dst: &Path,
+    mut edit: impl FnMut(&str, &mut safetensors::Dtype, &mut Vec<usize>, &mut Vec<u8>) -> bool,
+) {
+    let bytes = std::fs::read(src).expect("read safetensors");
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).expect("header");
+    let metadata = header.metadata().clone();
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("deserialize");
+    let mut owned = Vec::new();
+    for (name, view) in st.tensors() {
+        let (mut dtype, mut shape, mut data) =
+            (view.dtype(), view.shape().to_vec(), view.data().to_vec());
+        if edit(&name, &mut dtype, &mut shape, &mut data) {
+            owned.push((name, dtype, shape, data));
+        }
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = owned
+        .iter()
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).expect("view"),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, metadata, dst).expect("write safetensors");
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
