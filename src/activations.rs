@@ -172,10 +172,6 @@ pub struct Activations {
     expert_rows: HashMap<String, ExpertRows>,
 }
 
-fn float_dtype(d: Dtype) -> bool {
-    matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16 | Dtype::F64)
-}
-
 fn decode_ints(dtype: Dtype, data: &[u8]) -> Option<Vec<i64>> {
     Some(match dtype {
         Dtype::I64 => data
@@ -258,22 +254,28 @@ impl Activations {
         let f = File::open(path).map_err(io)?;
         // SAFETY: read-only private map of a file glmcheck never writes while it is mapped.
         let map = unsafe { Mmap::map(&f) }.map_err(io)?;
+        Self::from_bytes(path, &map)
+    }
+
+    /// Reads a dump held in memory, validated exactly as [`Activations::load`] validates a file;
+    /// `path` is only used in messages. Values are copied out, nothing borrows `map`.
+    pub fn from_bytes(path: &Path, map: &[u8]) -> Result<Self, ActError> {
         let format = |reason: String| ActError::Format {
             file: path.to_path_buf(),
             reason,
         };
-        let (_, header) = SafeTensors::read_metadata(&map).map_err(|e| format(e.to_string()))?;
+        let (_, header) = SafeTensors::read_metadata(map).map_err(|e| format(e.to_string()))?;
         let metadata: BTreeMap<String, String> = header
             .metadata()
             .clone()
             .unwrap_or_default()
             .into_iter()
             .collect();
-        let st = SafeTensors::deserialize(&map).map_err(|e| format(e.to_string()))?;
+        let st = SafeTensors::deserialize(map).map_err(|e| format(e.to_string()))?;
         let mut tensors = HashMap::new();
         for (name, view) in st.tensors() {
             let dtype = view.dtype();
-            let values = if float_dtype(dtype) {
+            let values = if dump::is_float(dtype) {
                 Values::F32(dump::decode(dtype, view.data()))
             } else if let Some(v) = decode_ints(dtype, view.data()) {
                 Values::I64(v)
@@ -563,6 +565,10 @@ fn layer_of(key: &str) -> Option<usize> {
 
 /// `model.layers.L.mlp.experts.act_fn#n` → (L, n).
 fn expert_act_call(key: &str) -> Option<(usize, usize)> {
+    // Cheap test first: most keys are not an activation call, and the layer's paths cost ~40 names.
+    if !key.contains(conv::ACT) {
+        return None;
+    }
     let l = layer_of(key)?;
     let paths = LayerPaths::new(l, true).ok()?;
     let MlpKind::Moe { experts, .. } = &paths.mlp.kind else {

@@ -6,9 +6,10 @@
 
 use std::path::Path;
 
+use crate::activations::{compare, Activations, CompareOptions, ComputeDtype, Tolerances, Values};
 use crate::arch::config::ConfigReader;
 use crate::dump::RankFile;
-use crate::gguf::{GgufFile, GgufModel};
+use crate::gguf::{GgmlType, GgufFile, GgufModel};
 use crate::inspect::InspectReport;
 use crate::scan;
 use crate::tokenizer::GgufTokenizer;
@@ -21,6 +22,9 @@ pub const MAX_TENSORS_DECODED: usize = 64;
 pub const MAX_DUMP_TENSORS: usize = 256;
 /// Largest safetensors tensor (in bytes) copied out per input.
 pub const MAX_DUMP_BYTES: usize = 1 << 22;
+
+/// Most values an activation dump may hold for the comparisons to run on it (parsing always runs).
+pub const MAX_COMPARE_VALUES: usize = 1 << 16;
 
 /// Texts the tokenizer target encodes: ASCII, digits, contractions, whitespace runs, CJK, emoji,
 /// a GLM special token and an invalid-looking mix.
@@ -108,5 +112,43 @@ pub fn tokenizer(data: &[u8]) -> bool {
     }
     let _ = tok.decode(&[0, 1, u32::MAX]);
     let _ = tok.end_ids();
+    true
+}
+
+/// Parses an activation dump from memory as `diff` and `forward --reference` read one, then (when it
+/// is small) compares it with itself and with a perturbed copy (floats scaled and shifted, integers
+/// shifted by one, so indexer sets and router choices differ), and renders both reports. Returns
+/// whether the bytes were accepted.
+pub fn activation_dump(data: &[u8]) -> bool {
+    let Ok(a) = Activations::from_bytes(path(), data) else {
+        return false;
+    };
+    let total: usize = a
+        .tensors
+        .values()
+        .map(|t| match &t.values {
+            Values::F32(v) => v.len(),
+            Values::I64(v) => v.len(),
+        })
+        .sum();
+    if total > MAX_COMPARE_VALUES {
+        return true;
+    }
+    let opts = CompareOptions {
+        tolerances: Tolerances::for_profile(ComputeDtype::F32, GgmlType::F32),
+    };
+    let _ = compare(&a, &a, &opts);
+    let mut b = a.clone();
+    b.source = "<fuzz, perturbed>".into();
+    for t in b.tensors.values_mut() {
+        match &mut t.values {
+            Values::F32(v) => v.iter_mut().for_each(|x| *x = *x * 1.5 + 0.25),
+            Values::I64(v) => v.iter_mut().for_each(|x| *x = x.wrapping_add(1)),
+        }
+    }
+    if let Ok(c) = compare(&a, &b, &opts) {
+        let _ = crate::report::forward::diff_json(&c);
+        let _ = crate::report::forward::comparison_text(&c, true);
+    }
     true
 }

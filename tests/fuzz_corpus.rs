@@ -19,6 +19,7 @@ const TARGETS: &[(&str, Entry)] = &[
     ("gguf_reader", glmcheck::fuzzing::gguf),
     ("safetensors_dump", glmcheck::fuzzing::safetensors_dump),
     ("tokenizer", glmcheck::fuzzing::tokenizer),
+    ("activation_dump", glmcheck::fuzzing::activation_dump),
 ];
 
 fn fuzz_dir() -> PathBuf {
@@ -306,6 +307,74 @@ fn safetensors_seeds() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
+/// The fixture's HF activation dumps, every tensor cut to its leading corner (the 18 tokens to 3,
+/// other dimensions to at most 4) and `token_ids` to match: small enough to fuzz, with every module
+/// path, dtype and metadata key of a real dump, and index tensors whose values still fit. Plus
+/// prompt0's layer 1 alone (an MoE layer with its indexer), without the producer's metadata.
+fn activation_seeds() -> Vec<(String, Vec<u8>)> {
+    use safetensors::tensor::TensorView;
+    let mut out = Vec::new();
+    for prompt in ["prompt0", "prompt1"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/tiny/activations")
+            .join(format!("{prompt}.safetensors"));
+        let bytes = std::fs::read(&path).unwrap();
+        let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        let mut meta = header.metadata().clone().unwrap_or_default();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let tokens: Vec<u64> = serde_json::from_str(&meta["token_ids"]).unwrap();
+        let t = tokens.len();
+        let keep = 3;
+        meta.insert(
+            "token_ids".into(),
+            serde_json::to_string(&tokens[..keep]).unwrap(),
+        );
+        let mut owned = Vec::new();
+        for (name, view) in st.tensors() {
+            let shape = view.shape().to_vec();
+            let new: Vec<usize> = shape
+                .iter()
+                .map(|&d| if d == t { keep } else { d.min(4) })
+                .collect();
+            let item = view.dtype().size();
+            let mut data = Vec::new();
+            let n: usize = new.iter().product();
+            for flat in 0..n {
+                // Row-major index into `new`, then the same index into `shape`.
+                let (mut rem, mut src) = (flat, 0);
+                let mut stride = 1;
+                for (k, &d) in new.iter().enumerate().rev() {
+                    let i = rem % d;
+                    rem /= d;
+                    src += i * stride;
+                    stride *= shape[k];
+                }
+                data.extend_from_slice(&view.data()[src * item..(src + 1) * item]);
+            }
+            owned.push((name, view.dtype(), new, data));
+        }
+        let views: Vec<(String, TensorView<'_>)> = owned
+            .iter()
+            .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+            .collect();
+        out.push((
+            format!("seed-{prompt}"),
+            safetensors::serialize(views.clone(), Some(meta)).unwrap(),
+        ));
+        if prompt == "prompt0" {
+            let layer1: Vec<_> = views
+                .into_iter()
+                .filter(|(n, _)| n.starts_with("model.layers.1.") || n == "input_ids")
+                .collect();
+            out.push((
+                "seed-prompt0-layer1".into(),
+                safetensors::serialize(layer1, None).unwrap(),
+            ));
+        }
+    }
+    out
+}
+
 #[test]
 #[ignore = "regenerates the seed files in fuzz/corpus"]
 fn write_seeds() {
@@ -326,6 +395,14 @@ fn write_seeds() {
     }
     put("gguf_reader", "seed-tokenizer", &tok);
     put("tokenizer", "seed-no-tokenizer", &small);
+    for (name, data) in activation_seeds() {
+        put("activation_dump", &name, &data);
+        put(
+            "activation_dump",
+            &format!("{name}-trunc"),
+            &data[..data.len() / 2],
+        );
+    }
     for (name, data) in safetensors_seeds() {
         put("safetensors_dump", name, &data);
         if name == "seed-mixed" {
