@@ -336,7 +336,7 @@ fn activation_seeds() -> Vec<(String, Vec<u8>)> {
                 .iter()
                 .map(|&d| if d == t { keep } else { d.min(4) })
                 .collect();
-            let item = view.dtype().size();
+            let item = view.dtype().bitsize() / 8;
             let mut data = Vec::new();
             let n: usize = new.iter().product();
             for flat in 0..n {
