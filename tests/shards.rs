@@ -765,47 +765,40 @@ fn doctored_copy(
     retype: Option<(&str, GgmlType)>,
     nan_in: Option<&str>,
 ) -> std::path::PathBuf {
-    use glmcheck::gguf::writer::{write_gguf, WriteTensor};
     let model = GgufModel::open(&gguf("tiny-F32")).unwrap();
-    let tensors: Vec<_> = model.tensors().collect();
-    let mut data: Vec<Vec<u8>> = tensors.iter().map(|t| t.bytes().to_vec()).collect();
-    let mut types: Vec<GgmlType> = tensors.iter().map(|t| t.info.dtype).collect();
-    for (i, t) in tensors.iter().enumerate() {
-        if let Some((_, ty)) = retype.filter(|(n, _)| *n == t.info.name) {
-            let bytes = ty.bytes_for(t.info.n_elements()).unwrap();
-            data[i] = vec![0u8; bytes as usize];
-            types[i] = ty;
-        }
-        if nan_in == Some(t.info.name.as_str()) {
-            data[i][0..4].copy_from_slice(&f32::NAN.to_le_bytes());
-            data[i][8..12].copy_from_slice(&f32::INFINITY.to_le_bytes());
-        }
-    }
-    let meta: Vec<_> = model
-        .metadata()
-        .iter()
-        .map(|e| (e.key.clone(), e.value.clone()))
-        .collect();
-    let write: Vec<WriteTensor> = tensors
-        .iter()
-        .zip(&data)
-        .zip(&types)
-        .map(|((t, d), ty)| WriteTensor {
-            name: t.info.name.clone(),
-            ne: t.info.ne.clone(),
-            dtype: *ty,
-            data: Some(d),
-        })
-        .collect();
     let path = dir.join("doctored.gguf");
-    write_gguf(
-        &mut std::fs::File::create(&path).unwrap(),
-        &meta,
-        &write,
-        32,
-    )
-    .unwrap();
+    write_edited(
+        &model,
+        &path,
+        |_, v| v.clone(),
+        |name, dtype, bytes| {
+            let mut out = (dtype, bytes.to_vec());
+            if let Some((_, ty)) = retype.filter(|(n, _)| *n == name) {
+                let n = bytes.len() as u64 / 4; // F32 source: 4 bytes a value
+                out = (ty, vec![0u8; ty.bytes_for(n).unwrap() as usize]);
+            }
+            if nan_in == Some(name) {
+                out.1[0..4].copy_from_slice(&f32::NAN.to_le_bytes());
+                out.1[8..12].copy_from_slice(&f32::INFINITY.to_le_bytes());
+            }
+            out
+        },
+    );
     path
+}
+
+/// `shards FILE --tp 2 --verify --json` within the malformed-input budget.
+fn verify_json(path: &std::path::Path) -> (Option<i32>, serde_json::Value) {
+    let out = glmcheck_bounded(&[
+        "shards",
+        path.to_str().unwrap(),
+        "--tp",
+        "2",
+        "--verify",
+        "--json",
+        "-q",
+    ]);
+    (out.status.code(), json_of(&out))
 }
 
 #[test]
@@ -843,17 +836,8 @@ fn an_undecodable_gguf_tensor_is_reported_and_the_rest_checked() {
     assert!(r["findings"].as_array().unwrap().is_empty(), "{r}");
     assert!(r["checked"].as_array().unwrap().len() > 80, "{r}");
     // --verify: the same parameter fails alone, the others are verified.
-    let out = glmcheck_bounded(&[
-        "shards",
-        path.to_str().unwrap(),
-        "--tp",
-        "2",
-        "--verify",
-        "--json",
-        "-q",
-    ]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    let v = json_of(&out);
+    let (code, v) = verify_json(&path);
+    assert_eq!(code, Some(1), "{v}");
     let params = v["params"].as_array().unwrap();
     let bad: Vec<_> = params
         .iter()
@@ -871,17 +855,8 @@ fn an_undecodable_gguf_tensor_is_reported_and_the_rest_checked() {
 fn nan_and_inf_in_weights_are_findings_not_errors() {
     let tmp = tempfile::tempdir().unwrap();
     let path = doctored_copy(tmp.path(), None, Some("blk.2.attn_output.weight"));
-    let out = glmcheck_bounded(&[
-        "shards",
-        path.to_str().unwrap(),
-        "--tp",
-        "2",
-        "--verify",
-        "--json",
-        "-q",
-    ]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    let v = json_of(&out);
+    let (code, v) = verify_json(&path);
+    assert_eq!(code, Some(1), "{v}");
     let bad: Vec<_> = v["params"]
         .as_array()
         .unwrap()

@@ -186,25 +186,16 @@ fn an_iq_typed_tensor_is_inventoried_but_not_dequantizable() {
 fn a_block_count_that_overstates_the_file_is_one_problem_per_run_of_layers() {
     let dir = tempfile::tempdir().unwrap();
     let model = GgufModel::open(&gguf("tiny-Q8_0")).unwrap();
-    let meta: Vec<(String, Value)> = model
-        .metadata()
-        .iter()
-        .map(|e| match e.key.as_str() {
-            "glm-dsa.block_count" => (e.key.clone(), Value::U32(1000)),
-            _ => (e.key.clone(), e.value.clone()),
-        })
-        .collect();
-    let tensors: Vec<WriteTensor> = model
-        .tensors()
-        .map(|t| WriteTensor {
-            name: t.info.name.clone(),
-            ne: t.info.ne.clone(),
-            dtype: t.info.dtype,
-            data: Some(t.bytes()),
-        })
-        .collect();
     let path = dir.path().join("lying-block-count.gguf");
-    write_gguf(&mut File::create(&path).unwrap(), &meta, &tensors, 32).unwrap();
+    write_edited(
+        &model,
+        &path,
+        |k, v| match k {
+            "glm-dsa.block_count" => Value::U32(1000),
+            _ => v.clone(),
+        },
+        |_, dtype, bytes| (dtype, bytes.to_vec()),
+    );
     let out = glmcheck_bounded(&["inspect", path.to_str().unwrap(), "--json"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -216,6 +216,39 @@ pub fn rewrite(model: &GgufModel, out: &Path, split_at: &[usize]) -> Vec<PathBuf
     paths
 }
 
+/// Writes `model` as one file at `out`, every metadata value passed through `meta` and every
+/// tensor's (type, bytes) through `tensor` (the tensor's name, type and bytes in, what to write out).
+pub fn write_edited(
+    model: &GgufModel,
+    out: &Path,
+    meta: impl Fn(&str, &Value) -> Value,
+    tensor: impl Fn(&str, GgmlType, &[u8]) -> (GgmlType, Vec<u8>),
+) {
+    let kvs: Vec<(String, Value)> = model
+        .metadata()
+        .iter()
+        .map(|e| (e.key.clone(), meta(&e.key, &e.value)))
+        .collect();
+    let edited: Vec<_> = model
+        .tensors()
+        .map(|t| {
+            let (dtype, data) = tensor(&t.info.name, t.info.dtype, t.bytes());
+            (t, dtype, data)
+        })
+        .collect();
+    let tensors: Vec<WriteTensor> = edited
+        .iter()
+        .map(|(t, dtype, data)| WriteTensor {
+            name: t.info.name.clone(),
+            ne: t.info.ne.clone(),
+            dtype: *dtype,
+            data: Some(data),
+        })
+        .collect();
+    let mut f = File::create(out).expect("create");
+    write_gguf(&mut f, &kvs, &tensors, 32).expect("write gguf");
+}
+
 /// Writes a sparse GGUF with GLM-5's real tensor list and metadata (no tensor data).
 pub fn write_real_dims(path: &std::path::Path, big: GgmlType) {
     let c = Config::glm5();
