@@ -628,6 +628,30 @@ fn report_is_written_atomically_and_never_over_an_input() {
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
 }
 
+/// `shards tiny-F32.gguf --tp 2 --against DIR` plus `extra`, within the malformed-input budget.
+fn against_tp2(dir: &tempfile::TempDir, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "shards",
+        gguf("tiny-F32").to_str().unwrap().to_string().leak() as &str,
+        "--tp",
+        "2",
+        "--against",
+        dir.path().to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    glmcheck_bounded(&args)
+}
+
+/// Cuts the file at `path` to `len` bytes (a half-written dump).
+fn cut(path: &std::path::Path, len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
 #[test]
 fn a_dump_with_a_wrong_shape_or_a_non_float_dtype_is_reported_and_the_rest_checked() {
     let dir = inject("tiny-F32", "none", 2, &[]);
@@ -643,16 +667,7 @@ fn a_dump_with_a_wrong_shape_or_a_non_float_dtype_is_reported_and_the_rest_check
         }
         true
     });
-    let out = glmcheck_bounded(&[
-        "shards",
-        gguf("tiny-F32").to_str().unwrap(),
-        "--tp",
-        "2",
-        "--against",
-        dir.path().to_str().unwrap(),
-        "--json",
-        "-q",
-    ]);
+    let out = against_tp2(&dir, &["--json", "-q"]);
     let (code, r) = (out.status.code(), json_of(&out));
     assert_eq!(code, Some(1), "{r}");
     assert_eq!(r["verdict"], "fail");
@@ -681,14 +696,7 @@ fn a_dump_with_a_wrong_shape_or_a_non_float_dtype_is_reported_and_the_rest_check
         .len();
     assert!(n_params > 40, "{n_params} parameters checked");
     // The human report says it too.
-    let out = glmcheck_bounded(&[
-        "shards",
-        gguf("tiny-F32").to_str().unwrap(),
-        "--tp",
-        "2",
-        "--against",
-        dir.path().to_str().unwrap(),
-    ]);
+    let out = against_tp2(&dir, &[]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stdout(&out).contains(&format!("not checked: {norm} on rank(s) 0:")),
@@ -698,22 +706,8 @@ fn a_dump_with_a_wrong_shape_or_a_non_float_dtype_is_reported_and_the_rest_check
     // A rank file cut short (a crashed worker): named, the other rank still checked; exit 1.
     let rank1 = dir.path().join("rank1.safetensors");
     let len = std::fs::metadata(&rank1).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&rank1)
-        .unwrap()
-        .set_len(len / 2)
-        .unwrap();
-    let out = glmcheck_bounded(&[
-        "shards",
-        gguf("tiny-F32").to_str().unwrap(),
-        "--tp",
-        "2",
-        "--against",
-        dir.path().to_str().unwrap(),
-        "--json",
-        "-q",
-    ]);
+    cut(&rank1, len / 2);
+    let out = against_tp2(&dir, &["--json", "-q"]);
     let r1 = json_of(&out);
     assert_eq!(out.status.code(), Some(1), "{r1}");
     let u = &r1["unreadable_ranks"];
@@ -736,20 +730,8 @@ fn a_dump_with_a_wrong_shape_or_a_non_float_dtype_is_reported_and_the_rest_check
     assert_eq!(r1["findings"].as_array().map(Vec::len), Some(1), "{r1}");
     // Both cut: nothing to check, exit 2 naming the file.
     let rank0 = dir.path().join("rank0.safetensors");
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&rank0)
-        .unwrap()
-        .set_len(100)
-        .unwrap();
-    let out = glmcheck_bounded(&[
-        "shards",
-        gguf("tiny-F32").to_str().unwrap(),
-        "--tp",
-        "2",
-        "--against",
-        dir.path().to_str().unwrap(),
-    ]);
+    cut(&rank0, 100);
+    let out = against_tp2(&dir, &[]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("rank0.safetensors"),
