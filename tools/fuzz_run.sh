@@ -8,7 +8,8 @@
 # BIN_DIR holds the built targets (copies of fuzz/target/x86_64-unknown-linux-gnu/release/<target>,
 # debug info stripped is fine). Each target starts from fuzz/corpus/<target> plus
 # fuzz/regressions/<target> (run from the repository root). Executions are libFuzzer's own totals
-# (the last "#N" line of each log); reports/fuzz.md records them.
+# (the last "#N" line of each log); reports/fuzz.md records them. FUZZ_FLAGS adds libFuzzer flags
+# to every fuzzing run (e.g. FUZZ_FLAGS=-max_len=8192).
 set -euo pipefail
 bin=$1 secs=$2 out=$3
 shift 3
@@ -24,7 +25,7 @@ for spec in "$@"; do
   if [ -d fuzz/regressions/"$t" ]; then cp fuzz/regressions/"$t"/* "$work/$t/corpus/"; fi
   (cd "$work/$t" && "$bin/$t" -fork="$forks" -max_total_time="$secs" \
       -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1 \
-      -detect_leaks=0 -rss_limit_mb=2048 -timeout=10 -artifact_prefix=artifacts/ corpus \
+      -detect_leaks=0 -rss_limit_mb=2048 -timeout=10 -artifact_prefix=artifacts/ ${FUZZ_FLAGS:-} corpus \
       >"$out/$t.log" 2>&1; echo "exit $?" >>"$out/$t.log") &
 done
 wait
