@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Instant;
@@ -17,7 +16,6 @@ use glmcheck::activations::{
     weight_class, Activations, ComputeDtype, Role, Status, TieClass, Tolerances,
 };
 use glmcheck::arch::config::ConfigReader;
-use glmcheck::gguf::writer::{write_gguf, WriteTensor};
 use glmcheck::gguf::{GgufModel, Value};
 use glmcheck::model::{DsaMode, Glm5, ModelOptions};
 use glmcheck::tokenizer::GgufTokenizer;
@@ -178,35 +176,13 @@ fn tokenizer_agrees_with_the_hf_tokenizer_json_beyond_the_prompts() {
 /// tiny-F32.gguf rewritten with one metadata value replaced.
 fn rewrite_with(dir: &Path, key: &str, value: Value) -> PathBuf {
     let m = GgufModel::open(&gguf("tiny-F32")).expect("open");
-    let meta: Vec<(String, Value)> = m
-        .metadata()
-        .iter()
-        .map(|e| {
-            let v = if e.key == key {
-                value.clone()
-            } else {
-                e.value.clone()
-            };
-            (e.key.clone(), v)
-        })
-        .collect();
-    let tensors: Vec<WriteTensor> = m
-        .tensors()
-        .map(|t| WriteTensor {
-            name: t.info.name.clone(),
-            ne: t.info.ne.clone(),
-            dtype: t.info.dtype,
-            data: Some(t.bytes()),
-        })
-        .collect();
     let path = dir.join("rewritten.gguf");
-    write_gguf(
-        &mut File::create(&path).expect("create"),
-        &meta,
-        &tensors,
-        32,
-    )
-    .expect("write");
+    common::write_edited(
+        &m,
+        &path,
+        |k, v| if k == key { value.clone() } else { v.clone() },
+        |_, dtype, bytes| (dtype, bytes.to_vec()),
+    );
     path
 }
 
