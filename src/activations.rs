@@ -30,11 +30,9 @@ pub mod forward;
 pub mod tp;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Tensor};
-use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use serde::Serialize;
 
@@ -251,10 +249,7 @@ impl Activations {
             file: path.to_path_buf(),
             err,
         };
-        let f = File::open(path).map_err(io)?;
-        // SAFETY: read-only private map of a file glmcheck never writes while it is mapped.
-        let map = unsafe { Mmap::map(&f) }.map_err(io)?;
-        Self::from_bytes(path, &map)
+        Self::from_bytes(path, &dump::map_read_only(path).map_err(io)?)
     }
 
     /// Reads a dump held in memory, validated exactly as [`Activations::load`] validates a file;

@@ -162,10 +162,7 @@ impl RankFile {
             file: path.to_path_buf(),
             err,
         };
-        let f = File::open(path).map_err(io)?;
-        // SAFETY: read-only private map of a file glmcheck never writes.
-        let map = unsafe { Mmap::map(&f) }.map_err(io)?;
-        Self::validate(path, Bytes::Mapped(map))
+        Self::validate(path, Bytes::Mapped(map_read_only(path).map_err(io)?))
     }
 
     /// A rank file held in memory, validated exactly as [`RankFile::open`] validates a file; `path`
@@ -237,6 +234,13 @@ impl RankFile {
             data: data.get(i * per..(i + 1) * per)?.to_vec(),
         })
     }
+}
+
+/// Maps a dump file read-only (rank files, activation dumps).
+pub fn map_read_only(path: &Path) -> std::io::Result<Mmap> {
+    let f = File::open(path)?;
+    // SAFETY: a read-only private map of a file glmcheck never writes while it is mapped.
+    unsafe { Mmap::map(&f) }
 }
 
 /// Whether glmcheck can read `dtype` as weights or activations (F32, F16, BF16, F64).

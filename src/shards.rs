@@ -373,9 +373,7 @@ pub fn against(
     if let Some(e) = first_error.filter(|_| ranks.iter().all(Option::is_none)) {
         return Err(e.into());
     }
-    let missing_ranks: Vec<usize> = (0..tp)
-        .filter(|&r| ranks[r].is_none() && !unreadable_ranks.iter().any(|u| u.rank == r))
-        .collect();
+    let missing_ranks: Vec<usize> = (0..tp).filter(|r| !dump.files.contains_key(r)).collect();
     let planned: BTreeSet<&str> = plan.params.iter().map(|p| p.param.as_str()).collect();
     let mut unexpected = BTreeSet::new();
     for (r, rank) in ranks.iter().enumerate() {
@@ -400,47 +398,39 @@ pub fn against(
     let mut checked = Vec::new();
     let mut unchecked = Vec::new();
     for p in &plan.params {
-        let present: Vec<(usize, &RankFile)> = ranks
+        // (rank, its file, the parameter's dtype there) for the ranks whose file holds it.
+        let present: Vec<(usize, &RankFile, safetensors::Dtype)> = ranks
             .iter()
             .enumerate()
             .filter_map(|(r, f)| {
-                f.as_ref()
-                    .filter(|f| f.shape(&p.param).is_some())
-                    .map(|f| (r, f))
+                let f = f.as_ref()?;
+                f.dtype(&p.param).map(|d| (r, f, d))
             })
             .collect();
         let absent: Vec<usize> = (0..tp)
-            .filter(|&r| ranks[r].is_some() && !present.iter().any(|(pr, _)| *pr == r))
+            .filter(|&r| ranks[r].is_some() && !present.iter().any(|(pr, ..)| *pr == r))
             .collect();
         if present.is_empty() {
             missing.push(p.param.clone());
             continue;
         }
         if !absent.is_empty() {
-            missing.push(format!(
-                "{}@rank{}",
-                p.param,
-                absent
-                    .iter()
-                    .map(|r| r.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ));
+            missing.push(format!("{}@rank{}", p.param, rank_list(&absent)));
         }
-        let (present, not_float): (Vec<_>, Vec<_>) = present
-            .into_iter()
-            .partition(|(_, f)| f.dtype(&p.param).is_some_and(is_float));
-        for (r, f) in not_float {
+        let (present, not_float): (Vec<_>, Vec<_>) =
+            present.into_iter().partition(|(.., d)| is_float(*d));
+        for (r, f, dtype) in not_float {
             unchecked.push(Unchecked {
                 param: p.param.clone(),
                 ranks: vec![r],
                 reason: format!(
-                    "{} holds it as {:?}, not a float tensor: not compared",
-                    f.path.display(),
-                    f.dtype(&p.param).unwrap_or(safetensors::Dtype::U8)
+                    "{} holds it as {dtype:?}, not a float tensor: not compared",
+                    f.path.display()
                 ),
             });
         }
+        let present: Vec<(usize, &RankFile)> =
+            present.into_iter().map(|(r, f, _)| (r, f)).collect();
         if present.is_empty() {
             continue;
         }
@@ -507,6 +497,15 @@ pub fn against(
         unchecked,
         unreadable_ranks,
     })
+}
+
+/// Ranks as `0,3,5`.
+pub fn rank_list(ranks: &[usize]) -> String {
+    ranks
+        .iter()
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Every present rank's copy of `p` against its expected shard: one verdict per rank (per rank, the

@@ -343,11 +343,7 @@ pub fn against_text(r: &crate::shards::AgainstReport) -> String {
             t.add_row(vec![
                 f.layer.map_or("-".into(), |l| l.to_string()),
                 f.param.clone(),
-                f.ranks
-                    .iter()
-                    .map(|r| r.to_string())
-                    .collect::<Vec<_>>()
-                    .join(","),
+                crate::shards::rank_list(&f.ranks),
                 f.cause.clone(),
                 num(f.rel_l2),
                 format!("{:.4}", f.cosine),
@@ -372,11 +368,7 @@ pub fn against_text(r: &crate::shards::AgainstReport) -> String {
         out.push_str(&format!(
             "not checked: {} on rank(s) {}: {}\n",
             u.param,
-            u.ranks
-                .iter()
-                .map(|r| r.to_string())
-                .collect::<Vec<_>>()
-                .join(","),
+            crate::shards::rank_list(&u.ranks),
             u.reason
         ));
     }
