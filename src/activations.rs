@@ -29,6 +29,7 @@
 pub mod forward;
 pub mod tp;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -183,6 +184,15 @@ fn decode_ints(dtype: Dtype, data: &[u8]) -> Option<Vec<i64>> {
         Dtype::U32 => data
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
+            .collect(),
+        // Ids never come near 2⁶³; a larger u64 wraps and then differs, as it should.
+        Dtype::U64 => data
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as i64)
+            .collect(),
+        Dtype::U16 => data
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]) as i64)
             .collect(),
         Dtype::I16 => data
             .chunks_exact(2)
@@ -427,6 +437,10 @@ impl Activations {
             let Some((layer, n)) = expert_act_call(&key) else {
                 continue;
             };
+            if self.expert_rows.contains_key(&key) {
+                // Already in token order (this runs again after keys are renamed).
+                continue;
+            }
             let Some(ids) = router_ids_key(layer).and_then(|k| self.tensors.get(&k)) else {
                 continue;
             };
@@ -474,6 +488,20 @@ impl Activations {
             }
             self.expert_rows
                 .insert(key.clone(), ExpertRows { expert, tokens });
+        }
+    }
+
+    /// Renames one key (tensor, order, expert rows); the expert rows of newly matching keys are
+    /// worked out again.
+    fn rename(&mut self, from: &str, to: &str) {
+        if let Some(a) = self.tensors.remove(from) {
+            self.tensors.insert(to.to_string(), a);
+        }
+        for k in self.order.iter_mut().filter(|k| k.as_str() == from) {
+            *k = to.to_string();
+        }
+        if let Some(r) = self.expert_rows.remove(from) {
+            self.expert_rows.insert(to.to_string(), r);
         }
     }
 
@@ -1328,6 +1356,9 @@ pub enum Status {
     Unclassified,
     /// Not comparable (routed to different tokens, every position follows a tie).
     Skipped,
+    /// The two dumps hold it in layouts that cannot be matched (shapes that differ beyond leading
+    /// singleton dims, a float where the other has ids): not compared, and never a divergence.
+    Incomparable,
 }
 
 impl Status {
@@ -1339,6 +1370,7 @@ impl Status {
             Status::NearTie => "near-tie",
             Status::Unclassified => "unclassified",
             Status::Skipped => "skipped",
+            Status::Incomparable => "INCOMPARABLE",
         }
     }
 
@@ -1413,6 +1445,8 @@ pub struct ModuleRow {
     pub note: Option<String>,
     /// A capture beyond the module outputs (tuple elements, aliases, recomputed extras).
     pub aux: bool,
+    /// The rel-L2 the two dumps' storage dtypes alone may put between them (added to the bound).
+    pub storage_rel_l2: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -1432,8 +1466,19 @@ pub struct LogitsCmp {
     pub entropy_mean: f64,
     pub entropy_ref_mean: f64,
     pub log_vocab: f64,
-    /// The candidate's next-token distribution is close to uniform: it outputs noise.
+    /// The candidate's next-token distribution is close to uniform while the reference's is not:
+    /// it outputs noise.
     pub garbage: bool,
+    /// The reference's own distribution is close to uniform (a random-weight model): near-uniform
+    /// output says nothing then.
+    pub reference_uniform: bool,
+    /// What the two dumps' storage rounding alone may contribute (second-order bound
+    /// ½·Σ p·(δ_ref + δ_cand)², mean and max over positions), added to the KL bounds.
+    pub kl_storage_mean: f64,
+    pub kl_storage_max: f64,
+    /// Positions whose top-1 differs only between logits closer than the storage rounding (counted
+    /// as agreeing in `top1_agree`).
+    pub top1_storage_ties: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -1484,11 +1529,36 @@ pub struct Comparison {
     pub only_reference: Vec<String>,
     pub only_candidate: Vec<String>,
     pub notes: Vec<String>,
+    /// Modules in both dumps whose layouts could not be matched (not compared).
+    pub incomparable: Vec<String>,
+    /// The user accepts incomparable modules (`--allow-incomparable`): they no longer make the
+    /// run incomplete. Set by the caller.
+    pub allow_incomparable: bool,
+}
+
+/// The outcome of a comparison of activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CmpVerdict {
+    WithinTolerance,
+    Diverged,
+    /// Nothing diverged among what was compared, but modules in both dumps could not be compared.
+    Incomplete,
 }
 
 impl Comparison {
     pub fn diverged(&self) -> bool {
         self.first_divergence.is_some()
+    }
+
+    pub fn verdict(&self) -> CmpVerdict {
+        if self.diverged() {
+            CmpVerdict::Diverged
+        } else if !self.incomparable.is_empty() && !self.allow_incomparable {
+            CmpVerdict::Incomplete
+        } else {
+            CmpVerdict::WithinTolerance
+        }
     }
 }
 
@@ -1515,7 +1585,8 @@ fn token_axis(key: &str, shape: &[usize], t: usize) -> Option<usize> {
     .contains(&tail)
         || key.ends_with(".kv_b_proj")
         || (key.ends_with(".self_attn.1") && shape.len() == 3);
-    let axis = if axis1 { 1 } else { 0 };
+    // Those keys carry a leading (batch or head) dim; once a comparison dropped it, tokens lead.
+    let axis = if axis1 && shape.len() >= 3 { 1 } else { 0 };
     (shape.get(axis) == Some(&t)).then_some(axis)
 }
 
@@ -1714,13 +1785,19 @@ fn ids_rows(ra: &Act, ca: &Act, t: usize, row: &mut ModuleRow) -> Option<IdRows>
             cr.into_iter().map(<[i64]>::to_vec).collect(),
         )),
         (Some(_), Some(_)) => {
-            row.status = Status::Diverged;
-            row.note = Some(format!("shape {:?} vs {:?}", ra.shape, ca.shape));
+            row.status = Status::Incomparable;
+            row.note = Some(format!(
+                "shape {:?} vs {:?}: not the same layout, not compared",
+                ra.shape, ca.shape
+            ));
             None
         }
         _ => {
-            row.status = Status::Diverged;
-            row.note = Some("not an integer [T, k] tensor in both dumps".into());
+            row.status = Status::Incomparable;
+            row.note = Some(format!(
+                "{:?} vs {:?}: not integer [T, k] ids in both dumps, not compared",
+                ra.dtype, ca.dtype
+            ));
             None
         }
     }
@@ -1732,6 +1809,130 @@ fn row_slice(s: Option<&[f32]>, i: usize, t: usize) -> Option<&[f32]> {
     s.map(|s| &s[i * t..(i + 1) * t])
 }
 
+/// The shape both of two shapes mean, when they differ only in singleton dims: leading ones dropped
+/// from the longer (a batch dim kept by one dump), else every singleton dropped (a head dim of 1
+/// squeezed by one dump). Singleton dims do not move data, so the values compare as they are.
+pub fn common_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    if a == b {
+        return Some(a.to_vec());
+    }
+    let (mut x, mut y) = (a, b);
+    while x.len() > y.len() && x.first() == Some(&1) {
+        x = &x[1..];
+    }
+    while y.len() > x.len() && y.first() == Some(&1) {
+        y = &y[1..];
+    }
+    if x == y {
+        return Some(x.to_vec());
+    }
+    let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+    let (sa, sb) = (squeeze(a), squeeze(b));
+    (sa == sb && !sa.is_empty()).then_some(sa)
+}
+
+/// Other names the same module may have in a dump made another way: `logits` ↔ `lm_head`, a
+/// `model.` prefix more or less (hooks registered on the inner model, or on a wrapper).
+fn alternative_keys(key: &str) -> Vec<String> {
+    let mut alts = Vec::new();
+    let lm_head = ModelPaths::new().map(|m| m.lm_head).ok();
+    if let Some(lm_head) = lm_head {
+        if key == conv::LOGITS {
+            alts.push(lm_head);
+        } else if key == lm_head {
+            alts.push(conv::LOGITS.to_string());
+        }
+    }
+    if let Some(rest) = key.strip_prefix("model.") {
+        alts.push(rest.to_string());
+    }
+    alts.push(format!("model.{key}"));
+    alts
+}
+
+/// The two dumps brought to one naming and one shape per module ("comparison by meaning"): a key
+/// only one dump has is matched to the other's name for the same module where that is unambiguous,
+/// and shapes that differ only in singleton dims are given their common shape. Returns copies only
+/// when something changed, and a note per kind of change.
+fn normalize<'a>(
+    reference: &'a Activations,
+    cand: &'a Activations,
+    notes: &mut Vec<String>,
+) -> (Cow<'a, Activations>, Cow<'a, Activations>) {
+    let mut cand_c: Cow<'a, Activations> = Cow::Borrowed(cand);
+    let only_ref: Vec<String> = reference
+        .order
+        .iter()
+        .filter(|k| !cand.tensors.contains_key(*k))
+        .cloned()
+        .collect();
+    let mut claimed = BTreeSet::new();
+    let mut renamed = Vec::new();
+    for k in &only_ref {
+        let hits: Vec<String> = alternative_keys(k)
+            .into_iter()
+            .filter(|a| cand.tensors.contains_key(a) && !reference.tensors.contains_key(a))
+            .filter(|a| !claimed.contains(a))
+            .collect();
+        if let [alt] = hits.as_slice() {
+            claimed.insert(alt.clone());
+            cand_c.to_mut().rename(alt, k);
+            renamed.push(format!("{alt} → {k}"));
+        }
+    }
+    if !renamed.is_empty() {
+        cand_c.to_mut().canonicalize_expert_rows();
+        notes.push(format!(
+            "{} module(s) matched under another name: {}{}",
+            renamed.len(),
+            renamed
+                .iter()
+                .take(4)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+            if renamed.len() > 4 { ", …" } else { "" }
+        ));
+    }
+    let mut ref_c: Cow<'a, Activations> = Cow::Borrowed(reference);
+    let mut reshaped = Vec::new();
+    let keys: Vec<String> = ref_c.order.clone();
+    for k in keys {
+        let (Some(ra), Some(ca)) = (ref_c.tensors.get(&k), cand_c.tensors.get(&k)) else {
+            continue;
+        };
+        if ra.shape == ca.shape {
+            continue;
+        }
+        let Some(shape) = common_shape(&ra.shape, &ca.shape) else {
+            continue;
+        };
+        let (from_r, from_c) = (ra.shape.clone(), ca.shape.clone());
+        if let Some(a) = ref_c.to_mut().tensors.get_mut(&k) {
+            a.shape = shape.clone();
+        }
+        if let Some(a) = cand_c.to_mut().tensors.get_mut(&k) {
+            a.shape = shape.clone();
+        }
+        reshaped.push(format!("{} ({from_r:?} / {from_c:?})", short_name(&k)));
+    }
+    if !reshaped.is_empty() {
+        notes.push(format!(
+            "{} module(s) compared after dropping singleton dims one dump kept (a batch dim, a \
+             squeezed head dim): {}{}",
+            reshaped.len(),
+            reshaped
+                .iter()
+                .take(3)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+            if reshaped.len() > 3 { ", …" } else { "" }
+        ));
+    }
+    (ref_c, cand_c)
+}
+
 /// Compares `cand` against `reference` (an f32 transformers dump, or any dump taken as truth).
 pub fn compare(
     reference: &Activations,
@@ -1739,6 +1940,9 @@ pub fn compare(
     opts: &CompareOptions,
 ) -> Result<Comparison, ActError> {
     let tol = &opts.tolerances;
+    let mut notes = Vec::new();
+    let (reference, cand) = normalize(reference, cand, &mut notes);
+    let (reference, cand) = (reference.as_ref(), cand.as_ref());
     let tokens = match (&reference.tokens, &cand.tokens) {
         (Some(a), Some(b)) if a != b => {
             return Err(ActError::TokensDiffer {
@@ -1794,7 +1998,6 @@ pub fn compare(
     };
     let mut exclusions: Vec<Exclusion> = Vec::new();
     let mut logits_cmp = None;
-    let mut notes = Vec::new();
 
     for key in order {
         let node = graph.node(key);
@@ -1815,6 +2018,8 @@ pub fn compare(
             router: None,
             note: None,
             aux: node.aux,
+            storage_rel_l2: compare::activation_storage_rel_l2(ra.dtype)
+                + compare::activation_storage_rel_l2(ca.dtype),
         };
         let mut exclude: Option<Exclusion> = None;
         match node.role {
@@ -2063,10 +2268,19 @@ pub fn compare(
                 float_row(&mut row, ra, ca, key, t, &keep, tol);
                 if node.role == Role::Logits {
                     if let (Some(rv), Some(cv)) = (ra.f32(), ca.f32()) {
-                        if ra.shape == ca.shape && ra.shape.len() == 2 && ra.shape[0] == t {
-                            let lc = logits_metrics(rv, cv, ra.shape[1], &keep.keep);
-                            let bad = lc.kl_mean > tol.kl_mean
-                                || lc.kl_max > tol.kl_max
+                        // [T, V], or [1, T, V] when both dumps kept the batch dim.
+                        let lead = ra.shape.len().saturating_sub(2);
+                        let dims = &ra.shape[lead..];
+                        if ra.shape == ca.shape
+                            && ra.shape[..lead].iter().all(|&d| d == 1)
+                            && dims.len() == 2
+                            && dims[0] == t
+                        {
+                            let lc =
+                                logits_metrics(rv, cv, dims[1], &keep.keep, (ra.dtype, ca.dtype));
+                            // Storage rounding bound with 4× headroom (the bound is second order).
+                            let bad = lc.kl_mean > tol.kl_mean + 4.0 * lc.kl_storage_mean
+                                || lc.kl_max > tol.kl_max + 4.0 * lc.kl_storage_max
                                 || lc.top1_agree < tol.top1_min
                                 || lc.kl_mean.is_nan();
                             // The logits are judged by their distributions, not by rel-L2.
@@ -2165,7 +2379,14 @@ pub fn compare(
             }
         }
     }
+    let incomparable = rows
+        .iter()
+        .filter(|r| r.status == Status::Incomparable)
+        .map(|r| r.name.clone())
+        .collect();
     Ok(Comparison {
+        incomparable,
+        allow_incomparable: false,
         reference: reference.source.clone(),
         candidate: cand.source.clone(),
         tokens,
@@ -2194,7 +2415,9 @@ fn set_float(row: &mut ModuleRow, d: &compare::Diff, shape: &[usize], tol: &Tole
     row.cosine = Some(d.cosine);
     row.max_abs = Some(d.max_abs);
     row.max_abs_at = (!shape.is_empty()).then(|| unravel(d.max_abs_at, shape));
-    row.status = if d.rel_l2.is_nan() || d.rel_l2 > tol.rel_l2 {
+    // The dumps' own storage rounding (a module stored in bf16 carries ~2⁻⁹ relative error of its
+    // own) comes on top of the compute/weight profile.
+    row.status = if d.rel_l2.is_nan() || d.rel_l2 > tol.rel_l2 + row.storage_rel_l2 {
         Status::Diverged
     } else {
         Status::Match
@@ -2211,16 +2434,19 @@ fn float_row(
     tol: &Tolerances,
 ) {
     let (Some(rv), Some(cv)) = (ra.f32(), ca.f32()) else {
-        row.status = Status::Diverged;
+        row.status = Status::Incomparable;
         row.note = Some(format!(
-            "dtype {:?} vs {:?}: not both float",
+            "dtype {:?} vs {:?}: not both float, not compared",
             ra.dtype, ca.dtype
         ));
         return;
     };
     if ra.shape != ca.shape {
-        row.status = Status::Diverged;
-        row.note = Some(format!("shape {:?} vs {:?}", ra.shape, ca.shape));
+        row.status = Status::Incomparable;
+        row.note = Some(format!(
+            "shape {:?} vs {:?}: not the same layout (transposed or rearranged?), not compared",
+            ra.shape, ca.shape
+        ));
         return;
     }
     let (rv, cv, shape) = match (keep.partial(), token_axis(key, &ra.shape, t)) {
@@ -2270,9 +2496,19 @@ pub fn entropy(row: &[f32]) -> f64 {
 
 /// `[T, V]` logits: KL(ref ‖ cand), top-1 agreement, Δp of the reference's top token, entropies,
 /// over the positions `keep` marks.
-pub fn logits_metrics(reference: &[f32], cand: &[f32], v: usize, keep: &[bool]) -> LogitsCmp {
+pub fn logits_metrics(
+    reference: &[f32],
+    cand: &[f32],
+    v: usize,
+    keep: &[bool],
+    storage: (Dtype, Dtype),
+) -> LogitsCmp {
     let (mut kl_sum, mut kl_max, mut kl_max_pos, mut agree, mut dp2) = (0.0, 0.0, 0, 0, 0.0);
     let (mut h_c, mut h_r, mut max_abs) = (0.0, 0.0, 0f64);
+    let (mut ks_sum, mut ks_max, mut storage_ties) = (0.0, 0f64, 0);
+    let u = |x: f32, y: f32| {
+        compare::storage_half_ulp(storage.0, x) + compare::storage_half_ulp(storage.1, y)
+    };
     let mut n = 0;
     for (i, _) in keep.iter().enumerate().filter(|(_, &k)| k) {
         if (i + 1) * v > reference.len().min(cand.len()) {
@@ -2298,9 +2534,22 @@ pub fn logits_metrics(reference: &[f32], cand: &[f32], v: usize, keep: &[bool]) 
             kl_max = kl;
             kl_max_pos = i;
         }
+        let ks: f64 = 0.5
+            * lr.iter()
+                .zip(r.iter().zip(c))
+                .map(|(&l, (&x, &y))| l.exp() * u(x, y).powi(2))
+                .sum::<f64>();
+        ks_sum += ks;
+        ks_max = ks_max.max(ks);
         let top = argmax(r);
-        if argmax(c) == top {
+        let ctop = argmax(c);
+        if ctop == top {
             agree += 1;
+        } else if (r[top] as f64 - r[ctop] as f64) <= u(r[top], c[top]) + u(r[ctop], c[ctop]) {
+            // The two tokens' reference logits are within the storage rounding of each other: the
+            // stored values cannot say which one the computation preferred.
+            agree += 1;
+            storage_ties += 1;
         }
         dp2 += (lr[top].exp() - lc[top].exp()).powi(2);
         h_r -= lr.iter().map(|&l| l.exp() * l).sum::<f64>();
@@ -2324,7 +2573,11 @@ pub fn logits_metrics(reference: &[f32], cand: &[f32], v: usize, keep: &[bool]) 
         entropy_mean,
         entropy_ref_mean: h_r / nf,
         log_vocab,
-        garbage: garbage(entropy_mean, v),
+        garbage: garbage(entropy_mean, v) && !garbage(h_r / nf, v),
+        reference_uniform: garbage(h_r / nf, v),
+        kl_storage_mean: ks_sum / nf,
+        kl_storage_max: ks_max,
+        top1_storage_ties: storage_ties,
     }
 }
 
@@ -2398,9 +2651,11 @@ fn first_divergence(
         Role::InputIds => "the input ids differ".to_string(),
         _ => what,
     };
+    // Inputs not in both dumps, or in both but not comparable, say nothing about this module's
+    // weights: the fault may be upstream.
     let missing: Vec<&str> = inputs
         .iter()
-        .filter(|i| i.status.is_none())
+        .filter(|i| matches!(i.status, None | Some(Status::Incomparable)))
         .map(|i| i.name.as_str())
         .collect();
     let names: Vec<String> = inputs.iter().map(|i| short(&i.name)).collect();
@@ -2408,7 +2663,7 @@ fn first_divergence(
         format!("{what}: suspect {}", node.suspect)
     } else if !missing.is_empty() {
         format!(
-            "{what}; its input{} {} {} not in both dumps, so the fault is here or upstream: suspect {} or what feeds it",
+            "{what}; its input{} {} {} not compared (not in both dumps, or incomparable), so the fault is here or upstream: suspect {} or what feeds it",
             if missing.len() == 1 { "" } else { "s" },
             missing.join(", "),
             if missing.len() == 1 { "is" } else { "are" },
@@ -2491,7 +2746,8 @@ impl Capture for Aligner<'_> {
             return Ok(None);
         };
         let (t, k) = ours.dims2()?;
-        if theirs.shape != [t, k] {
+        // A reference that kept the batch dim ([1, T, k]) holds the same rows.
+        if common_shape(&theirs.shape, &[t, k]).as_deref() != Some(&[t, k][..]) {
             return Ok(None);
         }
         let Some(their_rows) = theirs.rows_i64() else {

@@ -83,6 +83,35 @@ pub fn dump_dtype_rel_l2(dtype: safetensors::Dtype) -> f64 {
     }
 }
 
+/// The rel-L2 that storing an activation in `dtype` may add by itself: round-to-nearest errs by at
+/// most half a unit in the last place, 2⁻⁸ of the value for bf16 (8 significant bits), 2⁻¹¹ for f16,
+/// 2⁻²⁴ for f32 — the pointwise worst case, so a sum of such errors stays under it in rel-L2 too.
+pub fn activation_storage_rel_l2(dtype: safetensors::Dtype) -> f64 {
+    match dtype {
+        safetensors::Dtype::BF16 => 2f64.powi(-8),
+        safetensors::Dtype::F16 => 2f64.powi(-11),
+        safetensors::Dtype::F32 => 2f64.powi(-24),
+        _ => 0.0,
+    }
+}
+
+/// Half a unit in the last place of `x` stored as `dtype` (0 for f64 and non-float dtypes): how far
+/// a stored value may be from the one computed.
+pub fn storage_half_ulp(dtype: safetensors::Dtype, x: f32) -> f64 {
+    let bits = match dtype {
+        safetensors::Dtype::BF16 => 8,
+        safetensors::Dtype::F16 => 11,
+        safetensors::Dtype::F32 => 24,
+        _ => return 0.0,
+    };
+    let a = (x as f64).abs();
+    if a == 0.0 || !a.is_finite() {
+        // Zero is exact; subnormals and infinities do not decide a comparison.
+        return 0.0;
+    }
+    2f64.powi(a.log2().floor() as i32 - bits)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +126,25 @@ mod tests {
         assert_eq!(diff(&[1.0], &[0.0]).rel_l2, f64::INFINITY);
         assert!(diff(&[f32::NAN], &[1.0]).max_abs.is_nan());
         assert!((diff(&[2.0, 0.0], &[1.0, 0.0]).cosine - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn storage_rounding_is_half_an_ulp() {
+        use safetensors::Dtype;
+        // bf16 keeps 8 significant bits: 1.0 + 2⁻⁸ rounds to 1.0 or 1.0 + 2⁻⁷.
+        assert_eq!(storage_half_ulp(Dtype::BF16, 1.0), 2f64.powi(-8));
+        assert_eq!(storage_half_ulp(Dtype::BF16, 3.0), 2f64.powi(-7));
+        assert_eq!(storage_half_ulp(Dtype::F16, -1.5), 2f64.powi(-11));
+        assert_eq!(storage_half_ulp(Dtype::F64, 1.0), 0.0);
+        for x in [0.1f32, 1.7, -23.25, 1e-3, 7.9e4] {
+            let b = half::bf16::from_f32(x).to_f32();
+            assert!(
+                ((b - x) as f64).abs() <= storage_half_ulp(Dtype::BF16, x),
+                "{x}"
+            );
+            let rel = ((b - x) / x).abs() as f64;
+            assert!(rel <= activation_storage_rel_l2(Dtype::BF16), "{x}");
+        }
     }
 
     #[test]

@@ -80,6 +80,14 @@ pub struct RankDump {
 impl RankDump {
     /// Finds `rank<r>.safetensors` in `dir`.
     pub fn open(dir: &Path) -> Result<Self, DumpError> {
+        if dir.is_file() {
+            return Err(DumpError::Io {
+                file: dir.to_path_buf(),
+                err: std::io::Error::other(
+                    "is a file; --against takes the directory holding rank<r>.safetensors",
+                ),
+            });
+        }
         let rd = std::fs::read_dir(dir).map_err(|err| DumpError::Io {
             file: dir.to_path_buf(),
             err,
@@ -138,6 +146,9 @@ pub struct RankFile {
     map: Bytes,
     data_start: usize,
     meta: safetensors::tensor::Metadata,
+    /// Canonical name → the name the file stores it under, for parameters stored under an alias
+    /// (see [`RankFile::resolve_aliases`]); lookups by canonical name go through it.
+    stored_as: std::collections::HashMap<String, String>,
 }
 
 /// A rank file's bytes: mapped from disk, or held in memory (tests, fuzzing).
@@ -186,7 +197,45 @@ impl RankFile {
             map,
             data_start: 8 + n,
             meta,
+            stored_as: Default::default(),
         })
+    }
+
+    /// Maps every stored name through `canonical` (another version's name or a `state_dict()` alias
+    /// → the canonical name, None for a name it does not know). A parameter stored only under an
+    /// alias is then found by its canonical name. Returns what each stored name became:
+    /// `(stored, canonical)` for the known ones, and the unknown names.
+    pub fn resolve_aliases(
+        &mut self,
+        canonical: impl Fn(&str) -> Option<String>,
+    ) -> (Vec<(String, String)>, Vec<String>) {
+        let mut known = Vec::new();
+        let mut unknown = Vec::new();
+        for stored in self.names() {
+            match canonical(&stored) {
+                Some(c) => known.push((stored, c)),
+                None => unknown.push(stored),
+            }
+        }
+        self.stored_as.clear();
+        for (stored, c) in &known {
+            // The canonical name itself wins over an alias of the same parameter.
+            if stored != c && self.meta.info(c).is_none() {
+                self.stored_as
+                    .entry(c.clone())
+                    .or_insert_with(|| stored.clone());
+            }
+        }
+        (known, unknown)
+    }
+
+    /// The name the file stores `name` under (itself, or the alias it was found under).
+    pub fn stored_name<'n>(&'n self, name: &'n str) -> &'n str {
+        self.stored_as.get(name).map_or(name, String::as_str)
+    }
+
+    fn info(&self, name: &str) -> Option<&safetensors::tensor::TensorInfo> {
+        self.meta.info(self.stored_name(name))
     }
 
     pub fn names(&self) -> Vec<String> {
@@ -194,15 +243,15 @@ impl RankFile {
     }
 
     pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.meta.info(name).map(|i| i.shape.clone())
+        self.info(name).map(|i| i.shape.clone())
     }
 
     pub fn dtype(&self, name: &str) -> Option<Dtype> {
-        self.meta.info(name).map(|i| i.dtype)
+        self.info(name).map(|i| i.dtype)
     }
 
     fn bytes(&self, name: &str) -> Option<(&safetensors::tensor::TensorInfo, &[u8])> {
-        let info = self.meta.info(name)?;
+        let info = self.info(name)?;
         let (a, b) = info.data_offsets;
         let data = self
             .map
@@ -238,6 +287,12 @@ impl RankFile {
 
 /// Maps a dump file read-only (rank files, activation dumps).
 pub fn map_read_only(path: &Path) -> std::io::Result<Mmap> {
+    // Say what was given instead of an OS error number (and never block opening a FIFO).
+    if let Some(what) = crate::gguf::reader::not_a_regular_file(path) {
+        return Err(std::io::Error::other(format!(
+            "{what}, not a safetensors file"
+        )));
+    }
     let f = File::open(path)?;
     // SAFETY: a read-only private map of a file glmcheck never writes while it is mapped.
     unsafe { Mmap::map(&f) }

@@ -61,6 +61,8 @@ pub struct SpecialToken {
 #[serde(rename_all = "snake_case")]
 pub enum ProblemKind {
     Arch,
+    /// A metadata key that disagrees with the tensors (the tensors decide).
+    Metadata,
     Missing,
     Unexpected,
     WrongShape,
@@ -81,7 +83,9 @@ pub struct Problem {
 pub struct InspectReport {
     pub files: Vec<FileSummary>,
     pub arch: String,
-    pub config: Config,
+    /// The GLM-5 config read from `glm-dsa.*` keys; None for a file of another architecture (its
+    /// tensors are inventoried, nothing of GLM-5 is assumed of it).
+    pub config: Option<Config>,
     /// Config fields whose metadata key is missing: GLM-5's default was used.
     pub defaulted: Vec<String>,
     pub config_sources: BTreeMap<String, Source>,
@@ -111,27 +115,48 @@ impl InspectReport {
             None => String::new(),
         };
         let mut problems = Vec::new();
-        let prefix = if arch.is_empty() { ARCH } else { arch.as_str() };
-        if arch != ARCH {
+        let foreign = !arch.is_empty() && arch != ARCH;
+        if foreign {
             problems.push(Problem {
                 kind: ProblemKind::Arch,
                 tensor: None,
                 expected: None,
                 found: None,
                 message: format!(
-                    "general.architecture is {:?}, not {ARCH:?}: read as GLM-5 with `{prefix}.*` keys",
-                    arch
+                    "architecture {arch}: glmcheck checks {ARCH} models; its tensors are \
+                     inventoried, no GLM-5 config is read or assumed"
+                ),
+            });
+        } else if arch.is_empty() {
+            problems.push(Problem {
+                kind: ProblemKind::Arch,
+                tensor: None,
+                expected: None,
+                found: None,
+                message: format!(
+                    "no general.architecture: read as {ARCH} (GLM-5) with `{ARCH}.*` keys"
                 ),
             });
         }
-        let cr = ConfigReader::read(model, prefix)?;
-        let config = cr.config.clone();
+        let cr = if foreign {
+            None
+        } else {
+            Some(ConfigReader::read(model, ARCH)?)
+        };
+        let config = cr.as_ref().map(|c| c.config.clone());
         let defaulted = cr
-            .defaulted()
-            .iter()
-            .map(|(f, k)| format!("{f} ({k})"))
-            .collect();
-        let config_sources = cr.sources.iter().cloned().collect();
+            .as_ref()
+            .map(|c| {
+                c.defaulted()
+                    .iter()
+                    .map(|(f, k)| format!("{f} ({k})"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let config_sources = cr
+            .as_ref()
+            .map(|c| c.sources.iter().cloned().collect())
+            .unwrap_or_default();
 
         let files = model
             .parts
@@ -161,10 +186,18 @@ impl InspectReport {
             ts.elements += i.n_elements();
             ts.bytes += i.n_bytes;
             total_bytes += i.n_bytes;
-            let hf = glm_dsa::lookup_gguf(&i.name).map(|(d, _, idx)| match d.rebuild {
-                Rebuild::ExpertSlice => glm_dsa::name(d.hf, idx).replace("{E}", "*"),
-                _ => glm_dsa::name(d.hf, idx),
-            });
+            let hf = if foreign {
+                None
+            } else {
+                glm_dsa::lookup_gguf(&i.name)
+                    .map(|(d, _, idx)| match d.rebuild {
+                        Rebuild::ExpertSlice => glm_dsa::name(d.hf, idx).replace("{E}", "*"),
+                        _ => glm_dsa::name(d.hf, idx),
+                    })
+                    .or_else(|| {
+                        glm_dsa::lookup_mtp(&i.name).map(|(d, idx)| glm_dsa::name(d.hf, idx))
+                    })
+            };
             tensors.push(TensorRow {
                 name: i.name.clone(),
                 dtype: i.dtype,
@@ -181,6 +214,52 @@ impl InspectReport {
                 ts.tensors, ts.dtype
             ));
         }
+        let Some((cr, config)) = cr.zip(config.clone()) else {
+            return Ok(InspectReport {
+                files,
+                arch,
+                config: None,
+                defaulted,
+                config_sources,
+                tensor_count: model.tensor_count(),
+                total_bytes,
+                types: by_type.into_values().collect(),
+                tokenizer: tokenizer_summary(model),
+                tensors,
+                problems,
+                notes,
+            });
+        };
+        if let Some(k) = cr.mtp.key_disagrees() {
+            let key = format!("{ARCH}.nextn_predict_layers");
+            problems.push(Problem {
+                kind: ProblemKind::Metadata,
+                tensor: None,
+                expected: None,
+                found: None,
+                message: format!(
+                    "`{key}` says {k} MTP layer(s), but {} trailing block(s) hold nextn.* tensors \
+                     ({}): the tensors decide, so the model has {} decoder layers",
+                    cr.mtp.blocks.len(),
+                    block_list(&cr.mtp.blocks),
+                    config.num_hidden_layers
+                ),
+            });
+        }
+        if !cr.mtp.stray.is_empty() {
+            problems.push(Problem {
+                kind: ProblemKind::Unexpected,
+                tensor: None,
+                expected: None,
+                found: None,
+                message: format!(
+                    "nextn.* (MTP) tensors in block(s) {} that are not trailing MTP blocks \
+                     below block_count {}",
+                    block_list(&cr.mtp.stray),
+                    config.gguf_block_count()
+                ),
+            });
+        }
         let (shape_problems, shape_notes) = check_tensors(model, &config);
         problems.extend(shape_problems);
         notes.extend(shape_notes);
@@ -188,7 +267,7 @@ impl InspectReport {
         Ok(InspectReport {
             files,
             arch,
-            config,
+            config: Some(config),
             defaulted,
             config_sources,
             tensor_count: model.tensor_count(),
@@ -269,7 +348,7 @@ pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String
             });
         }
     };
-    let layers = std::iter::once(None).chain((0..c.num_hidden_layers).map(Some));
+    let layers = std::iter::once(None).chain((0..c.gguf_block_count()).map(Some));
     for layer in layers {
         if let Some(l) = layer.filter(|l| !present_layers.contains(l)) {
             let n: usize = glm_dsa::HF_TABLE
@@ -284,15 +363,36 @@ pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String
             continue;
         }
         flush(&mut problems, &mut absent);
+        let idx = Idx {
+            layer,
+            expert: None,
+        };
+        let mtp = layer.is_some_and(|l| c.is_mtp_layer(l));
+        if mtp {
+            // An MTP block: a full MoE layer plus its nextn.* tensors (the optional ones checked
+            // when present).
+            for d in glm_dsa::MTP_TABLE {
+                let tensor = glm_dsa::name(d.gguf, idx);
+                if d.optional && model.tensor(&tensor).is_none() {
+                    continue;
+                }
+                check(&mut problems, tensor, glm_dsa::resolve(d.shape, c), &|| {
+                    format!("{} of the MTP layer", glm_dsa::name(d.hf, idx))
+                });
+            }
+        }
         for d in glm_dsa::HF_TABLE.iter() {
             if !applies(d, layer) {
                 continue;
             }
-            let idx = Idx {
-                layer,
-                expert: None,
+            let param = || {
+                let p = glm_dsa::name(d.hf, idx).replace("{E}", "*");
+                if mtp {
+                    format!("{p} of the MTP layer")
+                } else {
+                    p
+                }
             };
-            let param = || glm_dsa::name(d.hf, idx).replace("{E}", "*");
             let use_legacy = d.legacy.filter(|lg| {
                 model.tensor(&glm_dsa::name(d.gguf[0].name, idx)).is_none()
                     && model.tensor(&glm_dsa::name(lg.name, idx)).is_some()
@@ -313,39 +413,53 @@ pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String
     }
     flush(&mut problems, &mut absent);
     let mut notes = Vec::new();
-    let mut mtp = 0;
     for t in model.tensors() {
         let n = &t.info.name;
         if expected.contains(n) {
             continue;
         }
         let layer = glm_dsa::gguf_layer(n);
-        if layer.is_some_and(|l| l >= c.num_hidden_layers && l < c.gguf_block_count()) {
-            mtp += 1;
-            continue;
-        }
         problems.push(Problem {
             kind: ProblemKind::Unexpected,
             tensor: Some(n.clone()),
             expected: None,
             found: Some(t.info.torch_shape()),
             message: match layer {
-                Some(l) if l >= c.num_hidden_layers => format!(
-                    "`{n}` belongs to layer {l}, but the config has {} layers (+{} MTP)",
-                    c.num_hidden_layers, c.num_nextn_predict_layers
+                Some(l) if l >= c.gguf_block_count() => format!(
+                    "`{n}` belongs to block {l}, but the file has {} blocks ({} decoder + {} MTP)",
+                    c.gguf_block_count(),
+                    c.num_hidden_layers,
+                    c.num_nextn_predict_layers
                 ),
                 _ => format!("`{n}` is not a glm-dsa tensor glmcheck knows"),
             },
         });
     }
-    if mtp > 0 {
+    if c.num_nextn_predict_layers > 0 {
+        let blocks: Vec<usize> = (c.num_hidden_layers..c.gguf_block_count()).collect();
+        let n = model
+            .tensors()
+            .filter(|t| glm_dsa::gguf_layer(&t.info.name).is_some_and(|l| c.is_mtp_layer(l)))
+            .count();
         notes.push(format!(
-            "{mtp} tensor(s) of the MTP (nextn) layer(s) {}..{} are not part of the forward and are not checked",
-            c.num_hidden_layers,
-            c.gguf_block_count()
+            "block(s) {} hold the MTP (nextn) layer ({n} tensors): inventoried and shape-checked, \
+             not part of the served model or the forward",
+            block_list(&blocks)
         ));
     }
     (problems, notes)
+}
+
+/// Blocks as `78` or `76, 77, 78`.
+fn block_list(blocks: &[usize]) -> String {
+    if blocks.is_empty() {
+        return "none".into();
+    }
+    blocks
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn tokenizer_summary(model: &GgufModel) -> Option<TokenizerSummary> {

@@ -11,6 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use glmcheck::activations::{self, forward as fwd, Activations, ComputeDtype, Tolerances};
 use glmcheck::arch::config::ConfigReader;
+use glmcheck::arch::hf_config::{self, HfConfig, HfConfigCheck};
 use glmcheck::dump::RankDump;
 use glmcheck::faults::Fault;
 use glmcheck::gguf::GgufModel;
@@ -27,6 +28,7 @@ Exit codes: 0 ok, 1 a finding (problems, corruption), 2 unreadable or malformed 
 Examples:
   glmcheck inspect fixtures/tiny/tiny-Q4_K_M.gguf
   glmcheck inspect GLM-5-UD-Q4_K_XL-00001-of-00010.gguf --json
+  glmcheck inspect model.gguf --hf-config config.json   # what vLLM builds from the deployment's config
   glmcheck dequant fixtures/tiny/tiny-Q8_0.gguf --tensor 'blk.1.*'
   glmcheck shards model-00001-of-00010.gguf --tp 8 --verify
   glmcheck inject --fault kvb-concat --layer 1 --tp 8 --out /tmp/bad fixtures/tiny/tiny-F32.gguf
@@ -71,6 +73,7 @@ enum Command {
   glmcheck inspect fixtures/tiny/tiny-Q4_K_M.gguf
   glmcheck inspect GLM-5-UD-Q4_K_XL-00001-of-00010.gguf --json | jq .problems
   glmcheck inspect model.gguf --all-tensors
+  glmcheck inspect model.gguf --hf-config /models/GLM-5/config.json   # the deployment's config
 
 Exit codes: 0 consistent, 1 problems found (missing, unexpected or mis-shaped tensors), 2 unreadable.")]
     Inspect {
@@ -82,6 +85,10 @@ Exit codes: 0 consistent, 1 problems found (missing, unexpected or mis-shaped te
         /// List every tensor (default: globals, layer 0 and the first MoE layer).
         #[arg(long)]
         all_tensors: bool,
+        /// The deployment's config.json: check every field vLLM 0.33 reads for GLM-5 against this
+        /// GGUF and name those that change what vLLM computes (a finding exits 1).
+        #[arg(long, value_name = "config.json")]
+        hf_config: Option<PathBuf>,
     },
     /// Dequantize tensors to f32 and report per-tensor statistics and decode throughput.
     ///
@@ -120,6 +127,7 @@ Exit codes: 0 all decoded and finite, 1 NaN/Inf values or undecodable tensors, 2
   glmcheck shards model.gguf --tp 4 --layer 3 --json
   glmcheck shards model.gguf --tensor '*kv_b_proj*' --verify
   glmcheck shards model.gguf --tp 8 --against /dumps/weights   # rank0.safetensors … rank7.safetensors
+  glmcheck shards model.gguf --tp 8 --hf-config /models/GLM-5/config.json --json | jq .hf_config
 
 With --against, what cannot be compared (a non-float dump tensor, an undecodable GGUF tensor, an
 unreadable rank file) is reported and the rest still checked.
@@ -144,9 +152,23 @@ malformed input (with --against: no rank file readable).")]
         /// Compare the per-rank dump in DIR (rank<r>.safetensors, vLLM names) with the expected shards.
         #[arg(long, value_name = "DIR")]
         against: Option<PathBuf>,
-        /// With --against: parameters or rank files absent from the dump fail the run.
+        /// With --against: only these ranks are expected (e.g. `0,1,2`); by default every rank of
+        /// 0..tp is, and a missing rank file makes the run incomplete.
+        #[arg(long, requires = "against", value_delimiter = ',', value_name = "LIST")]
+        ranks: Option<Vec<usize>>,
+        /// With --against: tensor names glmcheck does not know are listed but do not make the run
+        /// incomplete.
         #[arg(long, requires = "against")]
-        strict: bool,
+        allow_unexpected: bool,
+        /// With --against: where the dump's values came from. gguf: a deployment that loaded this
+        /// GGUF (its dequantized values, exact up to the dump's dtype); originals: the unquantized
+        /// checkpoint (within the quant type's noise). Default: decided from the dump.
+        #[arg(long, requires = "against", value_enum)]
+        provenance: Option<ProvenanceArg>,
+        /// The deployment's config.json: check every field vLLM 0.33 reads for GLM-5 against this
+        /// GGUF and name those that change what vLLM computes (a finding exits 1).
+        #[arg(long, value_name = "config.json")]
+        hf_config: Option<PathBuf>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -182,6 +204,10 @@ Examples:
         /// dtype of the dumped tensors.
         #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "f16"])]
         dtype: String,
+        /// Parameter names as this vLLM version writes them (0.33: routed experts under
+        /// `mlp.experts.routed_experts.*`; legacy: `mlp.experts.w13_weight`).
+        #[arg(long, value_enum, default_value = "0.33")]
+        vllm_names: VllmNamesArg,
     },
     /// Run GLM-5 from the GGUF on a prompt: tokens, top-5 next tokens, a greedy continuation, and
     /// (with --reference) where its activations part from a reference dump, module by module.
@@ -200,6 +226,7 @@ Examples:
   glmcheck forward fixtures/tiny/tiny-Q4_K_M.gguf --prompt \"$P\" \\
       --reference fixtures/tiny/activations/prompt0.safetensors --json | jq .first_divergence
   glmcheck forward model.gguf --prompt 'Hello' --dsa dense --dump /tmp/dense.safetensors
+  glmcheck forward model.gguf --prompt 'Hello' --hf-config /models/GLM-5/config.json
   glmcheck inject --fault kvb-concat --layer 1 --tp 8 --out /tmp/bad fixtures/tiny/tiny-F32.gguf
   glmcheck forward fixtures/tiny/tiny-F32.gguf --prompt 'What is 2+2?' --tp 8 --weights-from /tmp/bad
   glmcheck diff /tmp/sparse.safetensors /tmp/dense.safetensors
@@ -253,6 +280,10 @@ Exit codes: 0 within tolerance (or no --reference), 1 diverged, 2 unreadable inp
         /// List every compared capture, auxiliary ones (tuple elements, aliases) included.
         #[arg(long)]
         all: bool,
+        /// The deployment's config.json: check every field vLLM 0.33 reads for GLM-5 against this
+        /// GGUF and name those that change what vLLM computes (a finding exits 1).
+        #[arg(long, value_name = "config.json")]
+        hf_config: Option<PathBuf>,
         /// Print JSON: {"tokens", "top", "continuation", "modules": [{"name", "rel_l2", "cosine",
         /// "max_abs", ...}], "logits": {"kl_mean", "kl_max", "top1_agree", "max_abs", ...},
         /// "first_divergence": null | {"module", "layer", "inputs", "reading"}, "verdict", ...}.
@@ -323,6 +354,10 @@ struct TolFlags {
     /// Largest fraction of tokens whose routed experts may differ while the router logits agree.
     #[arg(long, value_name = "X")]
     router_flips: Option<f64>,
+    /// Modules whose layouts cannot be matched (shapes that differ beyond singleton dims) are
+    /// listed but do not make the run "incomplete" (exit 1).
+    #[arg(long)]
+    allow_incomparable: bool,
 }
 
 impl TolFlags {
@@ -371,6 +406,21 @@ enum Outcome {
     Finding,
 }
 
+/// `shards --against --provenance`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ProvenanceArg {
+    Gguf,
+    Originals,
+}
+
+/// `inject --vllm-names`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum VllmNamesArg {
+    #[value(name = "0.33")]
+    V033,
+    Legacy,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Ctrl-C: remove the temp files of writes in flight (no partial report or dump is ever left).
@@ -379,13 +429,32 @@ fn main() -> ExitCode {
         eprintln!("glmcheck: interrupted");
         std::process::exit(130);
     });
-    match run(&cli) {
+    let code = match run(&cli) {
         Ok(Outcome::Ok) => ExitCode::SUCCESS,
         Ok(Outcome::Finding) => ExitCode::from(1),
         Err(e) => {
             eprintln!("glmcheck: error: {e:#}");
             ExitCode::from(2)
         }
+    };
+    report_peak_rss();
+    code
+}
+
+/// With `GLMCHECK_PEAK_RSS=1`, prints this process's peak resident memory (`VmHWM`) on stderr
+/// at exit. A parent's `wait4` cannot measure it: on Linux a spawned child's `ru_maxrss` starts
+/// from the spawning process's own peak (the memory-budget tests spawn from a large test runner).
+fn report_peak_rss() {
+    if std::env::var_os("GLMCHECK_PEAK_RSS").is_none() {
+        return;
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    if let Some(kib) = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    {
+        eprintln!("glmcheck: peak RSS {kib} KiB");
     }
 }
 
@@ -440,6 +509,18 @@ fn input_paths(c: &Command) -> Vec<PathBuf> {
         } => vec![reference.clone(), candidate.clone()],
         Command::Completions { .. } => Vec::new(),
     };
+    if let Command::Inspect {
+        hf_config: Some(h), ..
+    }
+    | Command::Shards {
+        hf_config: Some(h), ..
+    }
+    | Command::Forward {
+        hf_config: Some(h), ..
+    } = c
+    {
+        v.push(h.clone());
+    }
     let dirs: Vec<PathBuf> = v.iter().filter(|p| p.is_dir()).cloned().collect();
     for d in dirs {
         if let Ok(rd) = std::fs::read_dir(&d) {
@@ -496,16 +577,64 @@ fn open(file: &std::path::Path) -> anyhow::Result<GgufModel> {
     Ok(GgufModel::open(file)?)
 }
 
+/// `--hf-config`: the deployment's config.json against this GGUF's config (None without the flag).
+fn hf_config_check(
+    path: Option<&std::path::Path>,
+    model: &GgufModel,
+) -> anyhow::Result<Option<HfConfigCheck>> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let hf = HfConfig::read(path)?;
+    let cr = ConfigReader::read(model, glmcheck::arch::ARCH)?;
+    Ok(Some(hf_config::check(&hf, &cr.config, &cr.sources)))
+}
+
+/// [`emit`] with the `--hf-config` check, if any, added: its table after the text and
+/// `"hf_config"` in the JSON.
+fn emit_hf(
+    cli: &Cli,
+    json: bool,
+    value: &impl serde::Serialize,
+    hf: Option<&HfConfigCheck>,
+    text: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    let Some(hf) = hf else {
+        return emit(cli, json, value, text);
+    };
+    let mut v = serde_json::to_value(value).context("encoding the JSON report")?;
+    if !v.is_object() {
+        v = serde_json::json!({ "result": v });
+    }
+    if let Some(m) = v.as_object_mut() {
+        m.insert("hf_config".into(), report::hf_config::hf_config_json(hf));
+    }
+    emit(cli, json, &v, || {
+        text() + &report::hf_config::hf_config_text(hf)
+    })
+}
+
+/// A command's outcome, made a finding by an `--hf-config` finding.
+fn hf_outcome(o: Outcome, hf: Option<&HfConfigCheck>) -> Outcome {
+    if hf.is_some_and(HfConfigCheck::fails) {
+        Outcome::Finding
+    } else {
+        o
+    }
+}
+
 fn run(cli: &Cli) -> anyhow::Result<Outcome> {
     match &cli.command {
         Command::Inspect {
             file,
             json,
             all_tensors,
+            hf_config,
         } => {
             let model = open(file)?;
+            let hf = hf_config_check(hf_config.as_deref(), &model)?;
             let report = InspectReport::build(&model)?;
-            emit(cli, *json, &report, || {
+            emit_hf(cli, *json, &report, hf.as_ref(), || {
                 report::inspect_text(&report, *all_tensors)
             })?;
             if cli.verbose > 0 {
@@ -520,11 +649,14 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                     );
                 }
             }
-            Ok(if report.problems.is_empty() {
-                Outcome::Ok
-            } else {
-                Outcome::Finding
-            })
+            Ok(hf_outcome(
+                if report.problems.is_empty() {
+                    Outcome::Ok
+                } else {
+                    Outcome::Finding
+                },
+                hf.as_ref(),
+            ))
         }
         Command::Dequant {
             file,
@@ -566,11 +698,15 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
             tensors,
             verify,
             against,
-            strict,
+            ranks,
+            allow_unexpected,
+            provenance,
+            hf_config,
             json,
         } => {
             let tp = *tp as usize;
             let model = open(file)?;
+            let hf = hf_config_check(hf_config.as_deref(), &model)?;
             let cfg = ConfigReader::read(&model, glmcheck::arch::ARCH)?.config;
             let plan = ShardPlan::new(&model, &cfg, tp);
             let keep = |p: &ParamPlan| {
@@ -584,6 +720,7 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
             let selected = ShardPlan {
                 tp,
                 params: plan.params.iter().filter(|p| keep(p)).cloned().collect(),
+                mtp_blocks: plan.mtp_blocks.clone(),
             };
             if selected.params.is_empty() {
                 anyhow::bail!("no parameter matches the --layer/--tensor filters");
@@ -603,8 +740,9 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                     bar.inc(b);
                 });
                 bar.finish_and_clear();
-                emit(cli, *json, &r, || report::verify_text(&r))?;
-                return Ok(if r.ok { Outcome::Ok } else { Outcome::Finding });
+                emit_hf(cli, *json, &r, hf.as_ref(), || report::verify_text(&r))?;
+                let o = if r.ok { Outcome::Ok } else { Outcome::Finding };
+                return Ok(hf_outcome(o, hf.as_ref()));
             }
             if let Some(dir) = against {
                 let dump = RankDump::open(dir)?;
@@ -616,28 +754,40 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                     );
                 }
                 let bar = progress(cli.quiet, selected.params.len() as u64);
-                let r = shards::against(&w, &selected, &dump, *strict, &mut |p| {
+                let opts = shards::AgainstOptions {
+                    provenance: provenance.map(|p| match p {
+                        ProvenanceArg::Gguf => shards::Provenance::Gguf,
+                        ProvenanceArg::Originals => shards::Provenance::Originals,
+                    }),
+                    ranks: ranks.clone(),
+                    allow_unexpected: *allow_unexpected,
+                };
+                let r = shards::against(&w, &selected, &dump, &opts, &mut |p| {
                     bar.set_message(p.param.clone());
                     bar.inc(1);
                 })?;
                 bar.finish_and_clear();
-                emit(cli, *json, &r, || report::against_text(&r))?;
-                return Ok(if r.verdict == "pass" {
+                emit_hf(cli, *json, &r, hf.as_ref(), || report::against_text(&r))?;
+                let o = if r.verdict == shards::Verdict::Pass {
                     Outcome::Ok
                 } else {
                     Outcome::Finding
-                });
+                };
+                return Ok(hf_outcome(o, hf.as_ref()));
             }
-            emit(cli, *json, &selected, || {
+            emit_hf(cli, *json, &selected, hf.as_ref(), || {
                 let rows: Vec<&ParamPlan> = selected.params.iter().collect();
                 report::shards_text(&selected, &rows)
             })?;
             let problems = selected.params.iter().any(|p| !p.problems.is_empty());
-            Ok(if problems {
-                Outcome::Finding
-            } else {
-                Outcome::Ok
-            })
+            Ok(hf_outcome(
+                if problems {
+                    Outcome::Finding
+                } else {
+                    Outcome::Ok
+                },
+                hf.as_ref(),
+            ))
         }
         Command::Inject {
             file,
@@ -647,6 +797,7 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
             tp,
             out,
             dtype,
+            vllm_names,
         } => {
             let tp = *tp as usize;
             let fault: Fault = fault.parse().map_err(anyhow::Error::msg)?;
@@ -675,6 +826,10 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                 layer: *layer,
                 params,
                 dtype,
+                names: match vllm_names {
+                    VllmNamesArg::V033 => glmcheck::arch::glm_dsa::VllmNames::V033,
+                    VllmNamesArg::Legacy => glmcheck::arch::glm_dsa::VllmNames::Legacy,
+                },
             };
             let written = shards::inject(&w, &plan, &spec, out, &inputs)?;
             if !cli.quiet {
@@ -701,6 +856,7 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
             weights_from,
             tol,
             all,
+            hf_config,
             json,
         } => {
             let dtype = ComputeDtype::parse(dtype).unwrap_or(ComputeDtype::F32);
@@ -710,6 +866,7 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                 DsaMode::Sparse
             };
             let model = open(file)?;
+            let hf = hf_config_check(hf_config.as_deref(), &model)?;
             let tokenizer = match (GgufTokenizer::from_gguf(&model), prompt) {
                 (Ok(t), _) => Some(t),
                 (Err(e), Some(_)) => return Err(e).context("--prompt needs the GGUF's tokenizer"),
@@ -831,6 +988,9 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
             let mut outcome =
                 fwd::run(&runner, tokenizer.as_ref(), &ids, ref_acts.as_ref(), &spec)?;
             outcome.notes = notes;
+            if let Some(c) = outcome.comparison.as_mut() {
+                c.allow_incomparable = tol.allow_incomparable;
+            }
             if let Some(out) = dump {
                 let mut inputs: Vec<&std::path::Path> =
                     model.parts.iter().map(|p| p.path.as_path()).collect();
@@ -846,13 +1006,20 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                     );
                 }
             }
-            emit(cli, *json, &report::forward::forward_json(&outcome), || {
-                report::forward::forward_text(&outcome, *all)
-            })?;
-            Ok(match &outcome.comparison {
-                Some(c) if c.diverged() => Outcome::Finding,
+            emit_hf(
+                cli,
+                *json,
+                &report::forward::forward_json(&outcome),
+                hf.as_ref(),
+                || report::forward::forward_text(&outcome, *all),
+            )?;
+            let o = match &outcome.comparison {
+                Some(c) if c.verdict() != activations::CmpVerdict::WithinTolerance => {
+                    Outcome::Finding
+                }
                 _ => Outcome::Ok,
-            })
+            };
+            Ok(hf_outcome(o, hf.as_ref()))
         }
         Command::Diff {
             reference,
@@ -878,15 +1045,18 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
             let opts = activations::CompareOptions {
                 tolerances: tol.apply(Tolerances::for_profile(dtype, weights)),
             };
-            let cmp = activations::compare(&r, &c, &opts)?;
+            let mut cmp = activations::compare(&r, &c, &opts)?;
+            cmp.allow_incomparable = tol.allow_incomparable;
             emit(cli, *json, &report::forward::diff_json(&cmp), || {
                 report::forward::comparison_text(&cmp, *all)
             })?;
-            Ok(if cmp.diverged() {
-                Outcome::Finding
-            } else {
-                Outcome::Ok
-            })
+            Ok(
+                if cmp.verdict() != activations::CmpVerdict::WithinTolerance {
+                    Outcome::Finding
+                } else {
+                    Outcome::Ok
+                },
+            )
         }
         Command::Completions { shell } => {
             let mut cmd = Cli::command();

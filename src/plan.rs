@@ -100,6 +100,8 @@ impl ParamPlan {
 pub struct ShardPlan {
     pub tp: usize,
     pub params: Vec<ParamPlan>,
+    /// GGUF blocks holding MTP (nextn) layers: not part of the served model, so not planned.
+    pub mtp_blocks: Vec<usize>,
 }
 
 fn blocks(n: usize, tp: usize, r: usize, offset: usize) -> (usize, usize) {
@@ -236,7 +238,11 @@ impl ShardPlan {
             (None, _) => (2, 0),
         });
         check_head_alignment(&mut params, c, tp);
-        ShardPlan { tp, params }
+        ShardPlan {
+            tp,
+            params,
+            mtp_blocks: (c.num_hidden_layers..c.gguf_block_count()).collect(),
+        }
     }
 }
 

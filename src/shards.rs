@@ -230,12 +230,73 @@ pub struct Checked {
     pub rel_l2: f64,
     pub tol_match: f64,
     pub tol_quant: f64,
+    /// The rank holds the whole vocab table (VLLM_REPLICATE_EMBED), not its vocab-parallel shard.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub replicated: bool,
+}
+
+/// The outcome of `shards --against`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Every expected parameter on every expected rank was checked, and none is corrupt.
+    Pass,
+    /// At least one corrupt parameter (or one that could not be compared).
+    Fail,
+    /// Nothing corrupt among what was checked, but not everything expected was checked (missing
+    /// rank files or parameters, names glmcheck does not know).
+    Incomplete,
+}
+
+/// Where a dump's values came from, which decides how far they may be from the GGUF's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Provenance {
+    /// A deployment that loaded this GGUF: its dequantized values, up to the dump's dtype rounding.
+    Gguf,
+    /// The unquantized originals (an HF checkpoint loaded as is): within the quant type's noise.
+    Originals,
+}
+
+/// The provenance a check used, and what decided it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProvenanceBasis {
+    pub provenance: Provenance,
+    /// Forced by `--provenance`; else decided from the shards of quantized parameters.
+    pub forced: bool,
+    /// Shards of parameters whose GGUF type is quantized (their quant bound is above the dtype's).
+    pub quantized_shards: usize,
+    /// How many of those equal the dequantized values up to the dump's dtype.
+    pub equal_to_dequantized: usize,
+}
+
+/// What `shards --against` checks beyond the plan's parameters.
+#[derive(Debug, Clone, Default)]
+pub struct AgainstOptions {
+    /// Where the dump's values came from (None: decided from the dump: gguf when at least half of
+    /// the quantized parameters' shards equal the dequantized values).
+    pub provenance: Option<Provenance>,
+    /// Only these ranks are expected (None: all `0..tp`).
+    pub ranks: Option<Vec<usize>>,
+    /// Names glmcheck does not know are listed but do not make the run incomplete.
+    pub allow_unexpected: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct AgainstReport {
-    pub verdict: String,
+    pub verdict: Verdict,
     pub tp: usize,
+    pub provenance: ProvenanceBasis,
+    /// The ranks expected (all of `0..tp` unless narrowed).
+    pub ranks: Vec<usize>,
+    /// (param, rank) pairs the plan expects on the expected ranks, and how many were compared.
+    pub expected_shards: usize,
+    pub checked_shards: usize,
+    /// Alias templates the dump used instead of the plan's names (another vLLM version's names,
+    /// `state_dict()` aliases), each with how many tensors were found under it.
+    pub aliases: BTreeMap<String, usize>,
+    /// With --allow-unexpected, unknown names were listed but did not make the run incomplete.
+    pub allow_unexpected: bool,
     pub findings: Vec<Finding>,
     /// Parameters in the plan absent from the dump (param@rank for partial absences).
     pub missing: Vec<String>,
@@ -276,6 +337,7 @@ pub enum AgainstError {
 /// explains it.
 struct RankVerdict {
     class: Class,
+    replicated: bool,
     rel_l2: f64,
     cosine: f64,
     tol_match: f64,
@@ -305,7 +367,22 @@ fn judge(
     };
     let tol_match = dump_dtype_rel_l2(actual.dtype);
     let tol_quant = tol_match + quant;
-    let shard = p.shard(full, rank).map_err(candle)?;
+    let mut shard = p.shard(full, rank).map_err(candle)?;
+    // VLLM_REPLICATE_EMBED=1: every rank holds the whole (padded or unpadded) vocab table, a valid
+    // alternative to the vocab-parallel cut.
+    let replicated = p.style == TpStyle::Vocab
+        && p.cuts.len() > 1
+        && shard.dims() != actual.shape.as_slice()
+        && full.dims().len() == 2
+        && actual.shape.len() == 2
+        && actual.shape[1] == full.dims()[1]
+        && (actual.shape[0] == full.dims()[0]
+            || actual.shape[0] == crate::plan::padded_vocab(full.dims()[0]));
+    if replicated {
+        shard = full
+            .pad_with_zeros(0, 0, actual.shape[0] - full.dims()[0])
+            .map_err(candle)?;
+    }
     let (class, rel_l2, cosine) = if shard.dims() == actual.shape.as_slice() {
         let d = diff(&actual.to_f32(), &values(&shard).map_err(candle)?);
         let class = if d.rel_l2 <= tol_match {
@@ -333,6 +410,7 @@ fn judge(
     });
     Ok(RankVerdict {
         class,
+        replicated,
         rel_l2,
         cosine,
         tol_match,
@@ -348,16 +426,52 @@ pub fn against(
     w: &Weights<'_>,
     plan: &ShardPlan,
     dump: &RankDump,
-    strict: bool,
+    opts: &AgainstOptions,
     tick: &mut dyn FnMut(&ParamPlan),
 ) -> Result<AgainstReport, AgainstError> {
     let tp = plan.tp;
+    let expected_ranks: Vec<usize> = match &opts.ranks {
+        Some(r) => r.iter().copied().filter(|&r| r < tp).collect(),
+        None => (0..tp).collect(),
+    };
     let mut ranks: Vec<Option<RankFile>> = Vec::with_capacity(tp);
     let mut unreadable_ranks = Vec::new();
     let mut first_error = None;
+    let mut unexpected = BTreeSet::new();
+    let mut aliases: BTreeMap<String, usize> = BTreeMap::new();
+    let planned: BTreeSet<&str> = plan.params.iter().map(|p| p.param.as_str()).collect();
     for r in 0..tp {
+        if !expected_ranks.contains(&r) {
+            ranks.push(None);
+            continue;
+        }
         match dump.open_rank(r) {
-            Ok(f) => ranks.push(f),
+            Ok(Some(mut f)) => {
+                // Names of other vLLM versions and state_dict() aliases resolve to the plan's
+                // names; a name no table knows is unexpected (the dump may come from a layout
+                // glmcheck cannot check). Known parameters outside the --layer/--tensor selection
+                // are simply not part of this check.
+                let (known, unknown) =
+                    f.resolve_aliases(|n| crate::arch::glm_dsa::canonical_vllm(n, w.config));
+                for (stored, canonical) in known {
+                    if stored != canonical && planned.contains(canonical.as_str()) {
+                        if let Some((d, _)) = crate::arch::glm_dsa::lookup_vllm(&stored) {
+                            let t = d
+                                .all_names()
+                                .find(|t| {
+                                    crate::arch::glm_dsa::match_template(t, &stored).is_some()
+                                })
+                                .unwrap_or(d.vllm);
+                            *aliases.entry(t.to_string()).or_default() += 1;
+                        }
+                    }
+                }
+                for name in unknown {
+                    unexpected.insert(format!("{name}@rank{r}"));
+                }
+                ranks.push(Some(f));
+            }
+            Ok(None) => ranks.push(None),
             // One broken rank file (a crashed worker's half-written dump) is reported; the other
             // ranks are still checked. Only when no rank file can be read is it an error.
             Err(e) => {
@@ -373,20 +487,11 @@ pub fn against(
     if let Some(e) = first_error.filter(|_| ranks.iter().all(Option::is_none)) {
         return Err(e.into());
     }
-    let missing_ranks: Vec<usize> = (0..tp).filter(|r| !dump.files.contains_key(r)).collect();
-    let planned: BTreeSet<&str> = plan.params.iter().map(|p| p.param.as_str()).collect();
-    let mut unexpected = BTreeSet::new();
-    for (r, rank) in ranks.iter().enumerate() {
-        if let Some(rank) = rank {
-            for name in rank
-                .names()
-                .into_iter()
-                .filter(|n| !planned.contains(n.as_str()))
-            {
-                unexpected.insert(format!("{name}@rank{r}"));
-            }
-        }
-    }
+    let missing_ranks: Vec<usize> = expected_ranks
+        .iter()
+        .copied()
+        .filter(|r| !dump.files.contains_key(r))
+        .collect();
     for (r, path) in &dump.files {
         if *r >= tp {
             unexpected.insert(format!("{} (rank {r} ≥ tp {tp})", path.display()));
@@ -397,6 +502,9 @@ pub fn against(
     let mut missing = Vec::new();
     let mut checked = Vec::new();
     let mut unchecked = Vec::new();
+    // The parameters compared, with the ranks holding them (to judge again once the dump's
+    // provenance is known).
+    let mut compared: Vec<(&ParamPlan, Vec<(usize, &RankFile)>)> = Vec::new();
     for p in &plan.params {
         // (rank, its file, the parameter's dtype there) for the ranks whose file holds it.
         let present: Vec<(usize, &RankFile, safetensors::Dtype)> = ranks
@@ -435,8 +543,13 @@ pub fn against(
             continue;
         }
         tick(p);
-        let verdicts = match compare_param(w, p, &present, tp) {
-            Ok(v) => v,
+        let quant = (opts.provenance == Some(Provenance::Gguf)).then_some(0.0);
+        match check_present(w, p, &present, tp, quant) {
+            Ok((c, f)) => {
+                checked.extend(c);
+                findings.extend(f);
+                compared.push((p, present));
+            }
             Err(e) => {
                 // One parameter that cannot be rebuilt (an undecodable GGUF tensor) is reported;
                 // the rest are still checked.
@@ -445,30 +558,45 @@ pub fn against(
                     ranks: present.iter().map(|(r, _)| *r).collect(),
                     reason: e.to_string(),
                 });
-                continue;
-            }
-        };
-        let mut per_rank: Vec<(usize, Explanation, f64, f64)> = Vec::new();
-        for (r, v, experts) in verdicts {
-            checked.push(Checked {
-                param: p.param.clone(),
-                rank: r,
-                class: v.class,
-                rel_l2: v.rel_l2,
-                tol_match: v.tol_match,
-                tol_quant: v.tol_quant,
-            });
-            if let Some(x) = v.explanation {
-                let x = match (x, experts) {
-                    (Explanation::Fault(f, d), Some(n)) if n.corrupt < n.of => {
-                        Explanation::Fault(f, format!("{d} (in {} of {} experts)", n.corrupt, n.of))
-                    }
-                    (x, _) => x,
-                };
-                per_rank.push((r, x, v.rel_l2, v.cosine));
             }
         }
-        findings.extend(group(p, &per_rank, tp));
+    }
+    // Where the dump's values came from decides what a difference may be. A deployment that
+    // loaded this GGUF holds its dequantized values, exact up to the dump's dtype; only a dump of
+    // the unquantized originals may differ by the quant type's noise.
+    let quantized: Vec<&Checked> = checked
+        .iter()
+        .filter(|c| c.tol_quant > 2.0 * c.tol_match)
+        .collect();
+    let equal = quantized.iter().filter(|c| c.class == Class::Match).count();
+    let provenance =
+        opts.provenance
+            .unwrap_or(if !quantized.is_empty() && 2 * equal >= quantized.len() {
+                Provenance::Gguf
+            } else {
+                Provenance::Originals
+            });
+    let provenance = ProvenanceBasis {
+        provenance,
+        forced: opts.provenance.is_some(),
+        quantized_shards: quantized.len(),
+        equal_to_dequantized: equal,
+    };
+    if provenance.provenance == Provenance::Gguf && opts.provenance.is_none() {
+        // Decided after the fact: parameters that passed only as "quantization noise" are judged
+        // again at the dump-dtype bound (and explained when corrupt).
+        let noisy: BTreeSet<String> = checked
+            .iter()
+            .filter(|c| c.class == Class::Quantization)
+            .map(|c| c.param.clone())
+            .collect();
+        for (p, present) in compared.iter().filter(|(p, _)| noisy.contains(&p.param)) {
+            let (c, f) = check_present(w, p, present, tp, Some(0.0))?;
+            checked.retain(|x| x.param != p.param);
+            findings.retain(|x| x.param != p.param);
+            checked.extend(c);
+            findings.extend(f);
+        }
     }
     findings.sort_by(|a, b| {
         (
@@ -482,13 +610,33 @@ pub fn against(
                 &b.param,
             ))
     });
-    let fail = !findings.is_empty()
-        || !unchecked.is_empty()
-        || !unreadable_ranks.is_empty()
-        || (strict && (!missing.is_empty() || !missing_ranks.is_empty()));
+    let checked_shards = checked
+        .iter()
+        .map(|c| (c.param.as_str(), c.rank))
+        .collect::<BTreeSet<_>>()
+        .len();
+    let expected_shards = plan.params.len() * expected_ranks.len();
+    let fail = !findings.is_empty() || !unchecked.is_empty() || !unreadable_ranks.is_empty();
+    let incomplete = !missing.is_empty()
+        || !missing_ranks.is_empty()
+        || checked_shards < expected_shards
+        || (!opts.allow_unexpected && !unexpected.is_empty());
+    let verdict = if fail {
+        Verdict::Fail
+    } else if incomplete {
+        Verdict::Incomplete
+    } else {
+        Verdict::Pass
+    };
     Ok(AgainstReport {
-        verdict: if fail { "fail" } else { "pass" }.into(),
+        verdict,
         tp,
+        provenance,
+        ranks: expected_ranks,
+        expected_shards,
+        checked_shards,
+        aliases,
+        allow_unexpected: opts.allow_unexpected,
         findings,
         missing,
         unexpected: unexpected.into_iter().collect(),
@@ -497,6 +645,41 @@ pub fn against(
         unchecked,
         unreadable_ranks,
     })
+}
+
+/// Compares one parameter's present ranks (`quant`: the quantization bound to allow, None: the GGUF
+/// type's) and groups the corrupt ones into findings.
+fn check_present(
+    w: &Weights<'_>,
+    p: &ParamPlan,
+    present: &[(usize, &RankFile)],
+    tp: usize,
+    quant: Option<f64>,
+) -> Result<(Vec<Checked>, Vec<Finding>), WeightError> {
+    let verdicts = compare_param(w, p, present, tp, quant)?;
+    let mut checked = Vec::new();
+    let mut per_rank: Vec<(usize, Explanation, f64, f64)> = Vec::new();
+    for (r, v, experts) in verdicts {
+        checked.push(Checked {
+            param: p.param.clone(),
+            rank: r,
+            class: v.class,
+            rel_l2: v.rel_l2,
+            tol_match: v.tol_match,
+            tol_quant: v.tol_quant,
+            replicated: v.replicated,
+        });
+        if let Some(x) = v.explanation {
+            let x = match (x, experts) {
+                (Explanation::Fault(f, d), Some(n)) if n.corrupt < n.of => {
+                    Explanation::Fault(f, format!("{d} (in {} of {} experts)", n.corrupt, n.of))
+                }
+                (x, _) => x,
+            };
+            per_rank.push((r, x, v.rel_l2, v.cosine));
+        }
+    }
+    Ok((checked, group(p, &per_rank, tp)))
 }
 
 /// Ranks as `0,3,5`.
@@ -515,12 +698,14 @@ fn compare_param(
     p: &ParamPlan,
     present: &[(usize, &RankFile)],
     tp: usize,
+    quant: Option<f64>,
 ) -> Result<Vec<(usize, RankVerdict, Option<ExpertCount>)>, WeightError> {
-    let quant = p
-        .dtypes
-        .iter()
-        .map(|t| quant_rel_l2_bound(*t))
-        .fold(0.0, f64::max);
+    let quant = quant.unwrap_or_else(|| {
+        p.dtypes
+            .iter()
+            .map(|t| quant_rel_l2_bound(*t))
+            .fold(0.0, f64::max)
+    });
     let mut verdicts: Vec<(usize, RankVerdict, Option<ExpertCount>)> = Vec::new();
     let n_experts = w.config.n_routed_experts;
     let experts = per_expert(p).filter(|_| {
@@ -687,6 +872,8 @@ pub struct InjectSpec<'a> {
     /// Only parameters matching one of these globs get the bug (empty: the bug's default targets).
     pub params: &'a [String],
     pub dtype: safetensors::Dtype,
+    /// Which vLLM version's parameter names the dump uses.
+    pub names: crate::arch::glm_dsa::VllmNames,
 }
 
 /// Writes the dump a loader with the bug would hold into `out`, never over one of `inputs`.
@@ -706,14 +893,22 @@ pub fn inject(
         let in_scope = layer.is_none_or(|l| p.layer == Some(l))
             && (only.is_empty() || only.iter().any(|g| crate::scan::glob_match(g, &p.param)));
         let f = if in_scope { fault.clone() } else { Fault::None };
+        let name = crate::arch::glm_dsa::name(p.def.name_in(spec.names), p.idx);
         for (r, slot) in per_rank.iter_mut().enumerate() {
-            slot.insert(p.param.clone(), f.inject(p, &full, w, tp, r, dtype)?);
+            slot.insert(name.clone(), f.inject(p, &full, w, tp, r, dtype)?);
         }
     }
     let mut written = Vec::new();
     let mut meta = std::collections::HashMap::new();
     meta.insert("glmcheck.fault".to_string(), format!("{fault:?}"));
     meta.insert("glmcheck.tp".to_string(), tp.to_string());
+    meta.insert(
+        "glmcheck.vllm_names".to_string(),
+        serde_json::to_value(spec.names)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default(),
+    );
     for (r, tensors) in per_rank.iter().enumerate() {
         let path = out.join(format!("rank{r}.safetensors"));
         crate::dump::write_file(&path, tensors, Some(meta.clone()), inputs)?;

@@ -906,7 +906,8 @@ fn tp_forward_on_a_faulty_dump_diverges_where_the_fault_is() {
 }
 
 /// A reference dump with one module missing and one of another shape: the missing one is listed,
-/// the mis-shaped one diverges by its shape, every other module is still compared.
+/// the mis-shaped one is incomparable (never "diverged": a layout is not a fault), every other
+/// module is still compared, and the run is incomplete.
 #[test]
 fn a_reference_with_a_missing_or_misshaped_module_is_reported_and_the_rest_compared() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -929,7 +930,9 @@ fn a_reference_with_a_missing_or_misshaped_module_is_reported_and_the_rest_compa
     ]);
     assert_eq!(code, 1, "{err}");
     assert_eq!(v["only_candidate"], serde_json::json!([gone]), "{v:#}");
-    assert_eq!(v["first_divergence"]["module"], reshaped, "{v:#}");
+    assert!(v["first_divergence"].is_null(), "{v:#}");
+    assert_eq!(v["verdict"], "incomplete");
+    assert_eq!(v["incomparable"], serde_json::json!([reshaped]));
     let modules = v["modules"].as_array().expect("modules");
     let status = |m: &str| {
         modules
@@ -937,7 +940,7 @@ fn a_reference_with_a_missing_or_misshaped_module_is_reported_and_the_rest_compa
             .find(|r| r["name"] == m)
             .map(|r| r["status"].clone())
     };
-    assert_eq!(status(reshaped), Some(Json::from("diverged")), "{v:#}");
+    assert_eq!(status(reshaped), Some(Json::from("incomparable")), "{v:#}");
     assert_eq!(status(gone), None);
     let matched = modules.iter().filter(|m| m["status"] == "match").count();
     assert!(

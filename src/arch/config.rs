@@ -87,6 +87,11 @@ impl Config {
         l >= self.first_k_dense_replace
     }
 
+    /// Whether block `l` of the GGUF is an MTP (nextn) layer: stored after the decoder layers.
+    pub fn is_mtp_layer(&self, l: usize) -> bool {
+        l >= self.num_hidden_layers && l < self.gguf_block_count()
+    }
+
     /// Layers the GGUF stores, the MTP (nextn) layers included.
     pub fn gguf_block_count(&self) -> usize {
         self.num_hidden_layers + self.num_nextn_predict_layers
@@ -110,6 +115,33 @@ pub enum Source {
 pub struct ConfigReport {
     pub config: Config,
     pub sources: Vec<(String, Source)>,
+    pub mtp: MtpBlocks,
+}
+
+/// Which blocks of the file are MTP (nextn) layers, and what the metadata says about them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct MtpBlocks {
+    /// `nextn_predict_layers` as the metadata states it (None: the file has no such key).
+    pub key: Option<usize>,
+    /// The trailing blocks below `block_count` that hold `nextn.*` tensors: the MTP layers.
+    pub blocks: Vec<usize>,
+    /// Other blocks holding `nextn.*` tensors (inside the decoder layers or past `block_count`).
+    pub stray: Vec<usize>,
+}
+
+impl MtpBlocks {
+    /// The key's count when it disagrees with the tensors.
+    pub fn key_disagrees(&self) -> Option<usize> {
+        self.key.filter(|&k| k != self.blocks.len())
+    }
+}
+
+/// Every block that holds a `nextn.*` tensor.
+fn mtp_marker_blocks(model: &GgufModel) -> std::collections::BTreeSet<usize> {
+    model
+        .tensors()
+        .filter_map(|t| glm_dsa::mtp_marker_block(&t.info.name))
+        .collect()
 }
 
 impl ConfigReport {
@@ -232,6 +264,21 @@ impl<'a> ConfigReader<'a> {
 
     /// Reads the config of a `glm-dsa` model (or of another architecture's keys under its own prefix).
     pub fn read(model: &'a GgufModel, arch: &str) -> Result<ConfigReport, GgufError> {
+        // A file of another architecture gets no GLM-5 defaults invented for it.
+        if let Some(found) = model.value("general.architecture") {
+            if found.as_str() != Some(arch) {
+                let e = model.get_meta("general.architecture");
+                return Err(GgufError::invalid(
+                    model.file_of_meta("general.architecture"),
+                    "metadata `general.architecture`",
+                    e.map_or(0, |e| e.offset),
+                    match found.as_str() {
+                        Some(a) => format!("architecture {a}: glmcheck checks {arch} models"),
+                        None => format!("must be a string, found {}", found.type_name()),
+                    },
+                ));
+            }
+        }
         let d = Config::glm5();
         let mut r = ConfigReader {
             model,
@@ -239,28 +286,91 @@ impl<'a> ConfigReader<'a> {
             sources: Vec::new(),
         };
         let hidden_size = r.uint("hidden_size", "embedding_length", d.hidden_size)?;
-        let block_count = r.uint_max(
-            "num_hidden_layers",
-            "block_count",
-            d.gguf_block_count(),
-            MAX_BLOCKS,
-        )?;
-        let nextn = r.uint(
-            "num_nextn_predict_layers",
-            "nextn_predict_layers",
-            d.num_nextn_predict_layers,
-        )?;
-        if let Some((_, src)) = r.sources.iter_mut().find(|(f, _)| f == "num_hidden_layers") {
-            if let Source::Metadata(k) = src {
-                *src = Source::Derived(format!("{k} − nextn_predict_layers"));
+        let block_key = r.key("block_count");
+        let mtp_marks = mtp_marker_blocks(model);
+        let highest_block = model
+            .tensors()
+            .filter_map(|t| glm_dsa::gguf_layer(&t.info.name))
+            .filter(|&l| l < MAX_BLOCKS)
+            .max();
+        // Where the block count came from; None: GLM-5's default (recorded as such).
+        let (block_count, block_src) = match (r.raw(&block_key), highest_block) {
+            (None, Some(top)) => (
+                top + 1,
+                Some("1 + the highest blk.N in the file".to_string()),
+            ),
+            (None, None) => {
+                let n = r.uint_max(
+                    "num_hidden_layers",
+                    "block_count",
+                    d.gguf_block_count(),
+                    MAX_BLOCKS,
+                )?;
+                (n, None)
             }
+            (Some(_), _) => {
+                let n = r.uint_max(
+                    "num_hidden_layers",
+                    "block_count",
+                    d.gguf_block_count(),
+                    MAX_BLOCKS,
+                )?;
+                r.sources.pop();
+                (n, Some(format!("`{block_key}`")))
+            }
+        };
+        // The MTP (nextn) layers are the trailing blocks that hold `nextn.*` tensors: the tensors
+        // decide. The metadata key (absent when the converter's config.json had none) is only
+        // cross-checked; a GLM-5 default here would drop the last real layer of a file without MTP.
+        let nextn_key = r.key("nextn_predict_layers");
+        let key = match r.raw(&nextn_key) {
+            None => None,
+            Some(v) => Some(
+                v.as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .filter(|&n| n <= MAX_BLOCKS)
+                    .ok_or_else(|| {
+                        r.wrong_type(
+                            &nextn_key,
+                            &format!("a non-negative integer of at most {MAX_BLOCKS}"),
+                        )
+                    })?,
+            ),
+        };
+        let blocks: Vec<usize> = (0..block_count)
+            .rev()
+            .take_while(|b| mtp_marks.contains(b))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        let nextn = blocks.len();
+        let num_hidden_layers = block_count - nextn;
+        let stray = mtp_marks
+            .iter()
+            .copied()
+            .filter(|b| !blocks.contains(b))
+            .collect();
+        if let Some(block_src) = block_src {
+            r.derived(
+                "num_hidden_layers",
+                &format!(
+                    "{block_src} − {nextn} MTP block(s) (trailing blocks with nextn.* tensors)"
+                ),
+            );
         }
-        let num_hidden_layers = block_count.checked_sub(nextn).ok_or_else(|| {
-            r.wrong_type(
-                &r.key("nextn_predict_layers"),
-                &format!("at most block_count ({block_count}) layers"),
-            )
-        })?;
+        let nextn_src = match key {
+            Some(k) if k == nextn => Source::Metadata(nextn_key.clone()),
+            Some(k) => Source::Derived(format!(
+                "the trailing blocks with nextn.* tensors ({nextn}); `{nextn_key}` says {k}"
+            )),
+            None => Source::Derived(format!(
+                "the trailing blocks with nextn.* tensors (no `{nextn_key}` in the file)"
+            )),
+        };
+        r.sources
+            .push(("num_nextn_predict_layers".into(), nextn_src));
+        let mtp = MtpBlocks { key, blocks, stray };
         let num_attention_heads = r.uint(
             "num_attention_heads",
             "attention.head_count",
@@ -450,6 +560,7 @@ impl<'a> ConfigReader<'a> {
         Ok(ConfigReport {
             config,
             sources: r.sources,
+            mtp,
         })
     }
 }

@@ -13,6 +13,8 @@ use super::config::Config;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dim {
     Hidden,
+    /// 2 · hidden_size (an MTP block's `eh_proj` input: [enorm(embedding); hnorm(hidden)])
+    Hidden2,
     Vocab,
     QLora,
     KvLora,
@@ -46,6 +48,7 @@ impl Dim {
     pub fn resolve(self, c: &Config) -> usize {
         match self {
             Dim::Hidden => c.hidden_size,
+            Dim::Hidden2 => 2 * c.hidden_size,
             Dim::Vocab => c.vocab_size,
             Dim::QLora => c.q_lora_rank,
             Dim::KvLora => c.kv_lora_rank,
@@ -191,6 +194,39 @@ pub struct VllmDef {
     pub cat_dim: usize,
     pub style: TpStyle,
     pub scope: Scope,
+    /// vLLM >= 0.33's name, where it differs from the older name in `vllm` (which the plan uses).
+    pub v033: Option<&'static str>,
+    /// `state_dict()`-only names of modules registered twice (same storage as this parameter).
+    /// A dump may hold the parameter under any of its names.
+    pub aliases: &'static [&'static str],
+}
+
+/// Which vLLM version's parameter names a dump uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VllmNames {
+    /// vLLM >= 0.33 (`MoERunner`: routed experts under `mlp.experts.routed_experts.*`).
+    V033,
+    /// Earlier vLLM (`mlp.experts.w13_weight`).
+    Legacy,
+}
+
+impl VllmDef {
+    /// The parameter's name (template) under a version's naming.
+    pub fn name_in(&self, names: VllmNames) -> &'static str {
+        match names {
+            VllmNames::V033 => self.v033.unwrap_or(self.vllm),
+            VllmNames::Legacy => self.vllm,
+        }
+    }
+
+    /// Every name (template) a dump may hold this parameter under: the plan's, other versions', and
+    /// `state_dict()` aliases.
+    pub fn all_names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        std::iter::once(self.vllm)
+            .chain(self.v033)
+            .chain(self.aliases.iter().copied())
+    }
 }
 
 use Dim::*;
@@ -455,6 +491,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Vocab,
         scope: Scope::Global,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.input_layernorm.weight",
@@ -462,6 +500,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Replicated,
         scope: Scope::Layer,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.self_attn.fused_qkv_a_proj.weight",
@@ -472,6 +512,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Replicated,
         scope: Scope::Layer,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.self_attn.q_a_layernorm.weight",
@@ -479,6 +521,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Replicated,
         scope: Scope::Layer,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.self_attn.q_b_proj.weight",
@@ -486,6 +530,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Column,
         scope: Scope::Layer,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.self_attn.kv_a_layernorm.weight",
@@ -493,6 +539,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Replicated,
         scope: Scope::Layer,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.self_attn.kv_b_proj.weight",
@@ -500,6 +548,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Column,
         scope: Scope::Layer,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.self_attn.o_proj.weight",
@@ -507,6 +557,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Row,
         scope: Scope::Layer,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.self_attn.indexer.wq_b.weight",
@@ -514,6 +566,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Replicated,
         scope: Scope::Layer,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.self_attn.indexer.wk_weights_proj.weight",
@@ -524,6 +578,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Replicated,
         scope: Scope::Layer,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.self_attn.indexer.k_norm.weight",
@@ -531,6 +587,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Replicated,
         scope: Scope::Layer,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.self_attn.indexer.k_norm.bias",
@@ -538,6 +596,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Replicated,
         scope: Scope::Layer,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.post_attention_layernorm.weight",
@@ -545,6 +605,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Replicated,
         scope: Scope::Layer,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.mlp.gate_up_proj.weight",
@@ -555,6 +617,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::MergedColumn,
         scope: Scope::Dense,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.mlp.down_proj.weight",
@@ -562,6 +626,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Row,
         scope: Scope::Dense,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.mlp.gate.weight",
@@ -569,6 +635,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Replicated,
         scope: Scope::Moe,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.mlp.gate.e_score_correction_bias",
@@ -576,6 +644,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Replicated,
         scope: Scope::Moe,
+        v033: None,
+        aliases: &[],
     },
     // Expert parts are stacked over {E} first ([E, I, H]), then concatenated along cat_dim.
     VllmDef {
@@ -587,6 +657,9 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 1,
         style: TpStyle::MoeW13,
         scope: Scope::Moe,
+        // vLLM >= 0.33 keeps the routed experts in `FusedMoE.routed_experts` (its MoERunner).
+        v033: Some("model.layers.{L}.mlp.experts.routed_experts.w13_weight"),
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.mlp.experts.w2_weight",
@@ -594,6 +667,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::MoeW2,
         scope: Scope::Moe,
+        v033: Some("model.layers.{L}.mlp.experts.routed_experts.w2_weight"),
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.mlp.shared_experts.gate_up_proj.weight",
@@ -604,6 +679,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::MergedColumn,
         scope: Scope::Moe,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.layers.{L}.mlp.shared_experts.down_proj.weight",
@@ -611,6 +688,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Row,
         scope: Scope::Moe,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "model.norm.weight",
@@ -618,6 +697,8 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Replicated,
         scope: Scope::Global,
+        v033: None,
+        aliases: &[],
     },
     VllmDef {
         vllm: "lm_head.weight",
@@ -625,8 +706,78 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         cat_dim: 0,
         style: TpStyle::Vocab,
         scope: Scope::Global,
+        v033: None,
+        aliases: &[],
     },
 ];
+
+/// One tensor an MTP (multi-token prediction, "nextn") block holds beyond a full MoE decoder layer.
+/// GLM-5 stores one such block after its decoder layers (HF `model.layers.78.*`, GGUF `blk.78.*`);
+/// neither transformers' `GlmMoeDsaForCausalLM` nor vLLM's main model runs it (vLLM loads it only as a
+/// speculative-decoding draft), so it is inventoried and shape-checked, never planned or run.
+#[derive(Debug, Clone, Copy)]
+pub struct MtpDef {
+    pub hf: &'static str,
+    pub gguf: &'static str,
+    pub shape: &'static [Dim],
+    /// llama.cpp's converter writes it only when the checkpoint has it.
+    pub optional: bool,
+}
+
+/// The MTP-only tensors (llama.cpp's `LLM_TENSOR_NEXTN_*`; DeepSeek-V3 / GLM checkpoint names).
+pub const MTP_TABLE: &[MtpDef] = &[
+    MtpDef {
+        hf: "model.layers.{L}.eh_proj.weight",
+        gguf: "blk.{L}.nextn.eh_proj.weight",
+        shape: &[Hidden, Hidden2],
+        optional: false,
+    },
+    MtpDef {
+        hf: "model.layers.{L}.enorm.weight",
+        gguf: "blk.{L}.nextn.enorm.weight",
+        shape: &[Hidden],
+        optional: false,
+    },
+    MtpDef {
+        hf: "model.layers.{L}.hnorm.weight",
+        gguf: "blk.{L}.nextn.hnorm.weight",
+        shape: &[Hidden],
+        optional: false,
+    },
+    MtpDef {
+        hf: "model.layers.{L}.shared_head.norm.weight",
+        gguf: "blk.{L}.nextn.shared_head_norm.weight",
+        shape: &[Hidden],
+        optional: false,
+    },
+    MtpDef {
+        hf: "model.layers.{L}.embed_tokens.weight",
+        gguf: "blk.{L}.nextn.embed_tokens.weight",
+        shape: &[Vocab, Hidden],
+        optional: true,
+    },
+    MtpDef {
+        hf: "model.layers.{L}.shared_head.head.weight",
+        gguf: "blk.{L}.nextn.shared_head_head.weight",
+        shape: &[Vocab, Hidden],
+        optional: true,
+    },
+];
+
+/// The MTP definition and layer of a concrete GGUF tensor name (`blk.N.nextn.*`).
+pub fn lookup_mtp(tensor: &str) -> Option<(&'static MtpDef, Idx)> {
+    MTP_TABLE
+        .iter()
+        .find_map(|d| match_template(d.gguf, tensor).map(|i| (d, i)))
+}
+
+/// The block of a GGUF tensor that marks an MTP block: any `blk.N.nextn.*` tensor, known to the
+/// table or not (a newer converter's extra nextn tensor still marks its block).
+pub fn mtp_marker_block(tensor: &str) -> Option<usize> {
+    let l = gguf_layer(tensor)?;
+    let rest = tensor.strip_prefix("blk.")?.split_once('.')?.1;
+    rest.starts_with("nextn.").then_some(l)
+}
 
 /// Layer and expert indices of a concrete name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -746,11 +897,25 @@ pub fn lookup_hf(param: &str) -> Option<(&'static HfDef, Idx)> {
         .find_map(|d| match_template(d.hf, param).map(|i| (d, i)))
 }
 
-/// Finds the vLLM definition and layer of a concrete vLLM parameter name.
+/// Finds the vLLM definition and layer of a concrete vLLM parameter name (its canonical name or any
+/// alias).
 pub fn lookup_vllm(param: &str) -> Option<(&'static VllmDef, Idx)> {
-    VLLM_TABLE
-        .iter()
-        .find_map(|d| match_template(d.vllm, param).map(|i| (d, i)))
+    VLLM_TABLE.iter().find_map(|d| {
+        d.all_names()
+            .find_map(|t| match_template(t, param))
+            .map(|i| (d, i))
+    })
+}
+
+/// The canonical vLLM name (glmcheck's plan's) of a concrete name or alias, when it is one of a
+/// parameter that exists in this config (its layer below `num_hidden_layers`, in its scope).
+pub fn canonical_vllm(param: &str, c: &Config) -> Option<String> {
+    let (d, idx) = lookup_vllm(param)?;
+    let exists = match idx.layer {
+        None => d.scope == Scope::Global,
+        Some(l) => l < c.num_hidden_layers && d.scope.has_layer(c, l),
+    };
+    exists.then(|| name(d.vllm, idx))
 }
 
 /// Finds the GGUF source definition (and its owner) of a concrete GGUF tensor name.

@@ -3,5 +3,6 @@
 
 pub mod config;
 pub mod glm_dsa;
+pub mod hf_config;
 
 pub use config::{Config, ConfigReport, ARCH};

@@ -30,6 +30,8 @@ pub enum GgufError {
         count: u32,
         expected: PathBuf,
     },
+    #[error("{file}: {what}, not a GGUF file")]
+    NotAFile { file: PathBuf, what: String },
     #[error("{file}: does not belong to the split set of {first}: {reason}")]
     ForeignPart {
         file: PathBuf,

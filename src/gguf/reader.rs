@@ -100,6 +100,37 @@ impl std::fmt::Debug for GgufFile {
     }
 }
 
+/// Why `path` is not a regular file that could hold data (None when it is one, or when it does not
+/// exist: opening it then gives the OS's own "not found").
+pub fn not_a_regular_file(path: &Path) -> Option<String> {
+    let meta = std::fs::metadata(path).ok()?;
+    let ft = meta.file_type();
+    if ft.is_file() {
+        return None;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if ft.is_fifo() {
+            return Some("is a FIFO (named pipe)".into());
+        }
+        if ft.is_char_device() {
+            return Some("is a character device".into());
+        }
+        if ft.is_block_device() {
+            return Some("is a block device".into());
+        }
+        if ft.is_socket() {
+            return Some("is a socket".into());
+        }
+    }
+    Some(if ft.is_dir() {
+        "is a directory".into()
+    } else {
+        "is not a regular file".into()
+    })
+}
+
 impl GgufFile {
     /// Opens (read-only) and parses a GGUF file. Only the header pages are touched.
     pub fn open(path: &Path) -> Result<Self, GgufError> {
@@ -107,15 +138,20 @@ impl GgufFile {
             file: path.to_path_buf(),
             err,
         };
+        // What was given, before opening it: opening a FIFO blocks, a directory or a device is no
+        // model, and an OS error number says none of that.
+        if let Some(what) = not_a_regular_file(path) {
+            return Err(GgufError::NotAFile {
+                file: path.to_path_buf(),
+                what,
+            });
+        }
         let file = File::open(path).map_err(io)?;
         let file_size = file.metadata().map_err(io)?.len();
         if file_size == 0 {
-            return Err(GgufError::Truncated {
+            return Err(GgufError::NotAFile {
                 file: path.to_path_buf(),
-                field: "header.magic".into(),
-                offset: 0,
-                needed: 4,
-                available: 0,
+                what: "is empty (0 bytes)".into(),
             });
         }
         // SAFETY: the map is read-only and private; glmcheck never writes model files. A file truncated by

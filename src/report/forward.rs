@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::{num, table};
 use crate::activations::forward::ForwardOutcome;
-use crate::activations::{Comparison, ModuleRow, Role, Status, TieClass};
+use crate::activations::{CmpVerdict, Comparison, ModuleRow, Role, Status, TieClass};
 
 fn quoted(s: &str) -> String {
     format!("{s:?}")
@@ -293,6 +293,9 @@ pub fn comparison_text(c: &Comparison, all_modules: bool) -> String {
             l.log_vocab,
             if l.garbage {
                 ": GARBAGE, the candidate's distribution is near uniform"
+            } else if l.reference_uniform {
+                ": the reference's own distribution is near uniform too (random weights?), so \
+                 near-uniform output is expected here"
             } else {
                 ""
             }
@@ -322,7 +325,22 @@ pub fn comparison_text(c: &Comparison, all_modules: bool) -> String {
     for n in &c.notes {
         out.push_str(&format!("note: {n}\n"));
     }
+    if !c.incomparable.is_empty() {
+        out.push_str(&format!(
+            "incomparable ({}; in both dumps, layouts that cannot be matched, not compared{}): {}\n",
+            c.incomparable.len(),
+            if c.allow_incomparable {
+                "; allowed by --allow-incomparable"
+            } else {
+                "; --allow-incomparable accepts them"
+            },
+            list(&c.incomparable)
+        ));
+    }
     match &c.first_divergence {
+        None if c.verdict() == CmpVerdict::Incomplete => {
+            out.push_str("first divergence: none among the modules compared\nverdict: incomplete\n")
+        }
         None => out.push_str("first divergence: none\nverdict: within tolerance\n"),
         Some(f) => {
             out.push_str(&format!(
@@ -346,13 +364,23 @@ pub fn comparison_text(c: &Comparison, all_modules: bool) -> String {
     out
 }
 
+/// The verdict of a comparison, as JSON and text say it.
+fn verdict_word(c: &Comparison) -> &'static str {
+    match c.verdict() {
+        CmpVerdict::WithinTolerance => "within tolerance",
+        CmpVerdict::Diverged => "diverged",
+        CmpVerdict::Incomplete => "incomplete",
+    }
+}
+
 /// `diff --json`.
 pub fn diff_json(c: &Comparison) -> Value {
     json!({
         "reference": c.reference,
         "candidate": c.candidate,
         "tokens": c.tokens,
-        "verdict": if c.diverged() { "diverged" } else { "within tolerance" },
+        "verdict": verdict_word(c),
+        "incomparable": c.incomparable,
         "tolerances": c.tolerances,
         "modules": c.modules,
         "logits": c.logits,
@@ -373,11 +401,7 @@ pub fn forward_json(o: &ForwardOutcome) -> Value {
             serde_json::to_value(&c.modules).unwrap_or(Value::Null),
             serde_json::to_value(&c.logits).unwrap_or(Value::Null),
             serde_json::to_value(&c.first_divergence).unwrap_or(Value::Null),
-            if c.diverged() {
-                "diverged"
-            } else {
-                "within tolerance"
-            },
+            verdict_word(c),
             json!({
                 "reference": c.reference,
                 "tolerances": c.tolerances,
@@ -385,6 +409,7 @@ pub fn forward_json(o: &ForwardOutcome) -> Value {
                 "only_reference": c.only_reference,
                 "only_candidate": c.only_candidate,
                 "notes": c.notes,
+                "incomparable": c.incomparable,
             }),
         ),
         None => (

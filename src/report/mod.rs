@@ -1,6 +1,7 @@
 //! Every renderer. Commands never format output themselves: they hand a report value to one of these.
 
 pub mod forward;
+pub mod hf_config;
 
 use comfy_table::{presets, ContentArrangement, Table};
 
@@ -56,7 +57,13 @@ pub fn inspect_text(r: &InspectReport, all_tensors: bool) -> String {
 
     let mut cfg = table(&["config (HF name)", "value", "from"]);
     let json = serde_json::to_value(&r.config).unwrap_or_default();
-    if let Some(map) = json.as_object() {
+    if r.config.is_none() {
+        out.push_str(&format!(
+            "architecture {}: glmcheck checks {} models; tensors inventoried only\n\n",
+            r.arch,
+            crate::arch::ARCH
+        ));
+    } else if let Some(map) = json.as_object() {
         for (k, v) in map {
             let from = match r.config_sources.get(k) {
                 Some(crate::arch::config::Source::Metadata(key)) => key.clone(),
@@ -67,8 +74,10 @@ pub fn inspect_text(r: &InspectReport, all_tensors: bool) -> String {
             cfg.add_row(vec![k.clone(), v.to_string(), from]);
         }
     }
-    out.push_str(&cfg.to_string());
-    out.push_str("\n\n");
+    if r.config.is_some() {
+        out.push_str(&cfg.to_string());
+        out.push_str("\n\n");
+    }
 
     let mut types = table(&["type", "tensors", "elements", "bytes", "dequantizable"]);
     for t in &r.types {
@@ -121,7 +130,7 @@ pub fn inspect_text(r: &InspectReport, all_tensors: bool) -> String {
         let show = all_tensors
             || layer.is_none()
             || layer == Some(0)
-            || layer == Some(r.config.first_k_dense_replace);
+            || layer == r.config.as_ref().map(|c| c.first_k_dense_replace);
         if !show {
             hidden += 1;
             continue;
@@ -151,7 +160,13 @@ pub fn inspect_text(r: &InspectReport, all_tensors: bool) -> String {
             r.defaulted.join(", ")
         ));
     }
-    if r.problems.is_empty() {
+    if r.config.is_none() {
+        out.push_str(&format!(
+            "not checked: architecture {} is not {}\n",
+            r.arch,
+            crate::arch::ARCH
+        ));
+    } else if r.problems.is_empty() {
         out.push_str(&format!(
             "consistency: all {} tensors agree with the config (no missing, unexpected or mis-shaped tensors)\n",
             r.tensor_count
@@ -261,8 +276,20 @@ pub fn shards_text(plan: &crate::plan::ShardPlan, rows: &[&crate::plan::ParamPla
     }
     let problems: usize = rows.iter().map(|p| p.problems.len()).sum();
     let splits = rows.iter().filter(|p| p.splits_quant_blocks).count();
+    let mtp = if plan.mtp_blocks.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "GGUF block(s) {}: the MTP (nextn) layer, not part of the served model (not planned)\n",
+            plan.mtp_blocks
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
     format!(
-        "{t}\n{} parameters at tp={}: {} problem(s); {} cut(s) split quant blocks\n",
+        "{t}\n{} parameters at tp={}: {} problem(s); {} cut(s) split quant blocks\n{mtp}",
         rows.len(),
         plan.tp,
         problems,
@@ -353,6 +380,24 @@ pub fn against_text(r: &crate::shards::AgainstReport) -> String {
         out.push_str(&t.to_string());
         out.push('\n');
     }
+    let pb = &r.provenance;
+    out.push_str(&match (pb.provenance, pb.forced) {
+        (crate::shards::Provenance::Gguf, true) => {
+            "provenance: this GGUF's dequantized values (--provenance gguf): every shard must equal them up to the dump's dtype\n".to_string()
+        }
+        (crate::shards::Provenance::Originals, true) => {
+            "provenance: the unquantized originals (--provenance originals): shards may differ by the quant type's noise\n".to_string()
+        }
+        (crate::shards::Provenance::Gguf, false) => format!(
+            "provenance: this GGUF's dequantized values ({} of {} quantized shards equal them up to the dump's dtype): every shard is held to that\n",
+            pb.equal_to_dequantized, pb.quantized_shards
+        ),
+        (crate::shards::Provenance::Originals, false) if pb.quantized_shards > 0 => format!(
+            "provenance: the unquantized originals ({} of {} quantized shards equal the dequantized values): shards may differ by the quant type's noise (--provenance gguf holds them to the dump's dtype)\n",
+            pb.equal_to_dequantized, pb.quantized_shards
+        ),
+        (crate::shards::Provenance::Originals, false) => String::new(),
+    });
     out.push_str(&format!(
         "checked {} parameter shards at tp={}: {} match, {} differ by quantization noise only, {} corrupt\n",
         r.checked.len(),
@@ -372,23 +417,55 @@ pub fn against_text(r: &crate::shards::AgainstReport) -> String {
             u.reason
         ));
     }
+    use crate::shards::Verdict;
     if !r.missing_ranks.is_empty() {
-        out.push_str(&format!("missing rank files: {:?}\n", r.missing_ranks));
+        out.push_str(&format!(
+            "missing rank files: {} (narrow the check with --ranks to the ranks you dumped)\n",
+            crate::shards::rank_list(&r.missing_ranks)
+        ));
     }
     if !r.missing.is_empty() {
         out.push_str(&format!(
-            "{} parameter(s) absent from the dump (fail only with --strict): {}\n",
+            "{} parameter(s) absent from the dump (narrow with --tensor/--layer): {}\n",
             r.missing.len(),
             r.missing.join(", ")
         ));
     }
+    for (alias, n) in &r.aliases {
+        out.push_str(&format!(
+            "read under another vLLM name: {alias} ({n} tensor(s); the same parameter as glmcheck's plan names)\n"
+        ));
+    }
     if !r.unexpected.is_empty() {
         out.push_str(&format!(
-            "unexpected tensors: {}\n",
+            "{} tensor name(s) glmcheck does not know (the dump may come from a layout it cannot check{}): {}\n",
+            r.unexpected.len(),
+            if r.allow_unexpected {
+                "; allowed by --allow-unexpected"
+            } else {
+                "; --allow-unexpected accepts them"
+            },
             r.unexpected.join(", ")
         ));
     }
-    out.push_str(&format!("verdict: {}\n", r.verdict));
+    let ranks = if r.ranks.len() == r.tp {
+        format!("all {} ranks", r.tp)
+    } else {
+        format!("ranks {}", crate::shards::rank_list(&r.ranks))
+    };
+    out.push_str(&format!(
+        "{} of {} expected parameter shards checked ({ranks}); {} not checked\n",
+        r.checked_shards,
+        r.expected_shards,
+        r.expected_shards.saturating_sub(r.checked_shards)
+    ));
+    out.push_str(match r.verdict {
+        Verdict::Pass => "verdict: pass\n",
+        Verdict::Fail => "verdict: fail\n",
+        Verdict::Incomplete => {
+            "verdict: incomplete (nothing corrupt among what was checked, but not everything was checked)\n"
+        }
+    });
     out
 }
 

@@ -61,6 +61,7 @@ pub fn glmcheck_measured(args: &[&str]) -> Measured {
     let mut child = Command::new(env!("CARGO_BIN_EXE_glmcheck"))
         .args(args)
         .env("NO_COLOR", "1")
+        .env("GLMCHECK_PEAK_RSS", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -81,21 +82,26 @@ pub fn glmcheck_measured(args: &[&str]) -> Measured {
     let got = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
     assert_eq!(got, pid, "wait4: {}", std::io::Error::last_os_error());
     let wall = start.elapsed();
+    let stderr = se.join().expect("stderr thread");
+    // The child's own peak (VmHWM, printed at exit with GLMCHECK_PEAK_RSS): wait4's ru_maxrss
+    // would include this test process's peak, which a spawned child inherits on Linux. A run that
+    // dies before printing it (a panic, a signal) falls back to ru_maxrss, an upper bound.
+    let text = String::from_utf8_lossy(&stderr);
+    let own_kib = text
+        .lines()
+        .find_map(|l| l.strip_prefix("glmcheck: peak RSS "))
+        .and_then(|v| v.trim_end_matches(" KiB").parse::<i64>().ok());
+    let kib = own_kib.unwrap_or(usage.ru_maxrss);
     // A measurement of zero would make every bound pass: any real process maps more than this.
-    assert!(
-        usage.ru_maxrss > 512,
-        "implausible ru_maxrss {} KiB",
-        usage.ru_maxrss
-    );
+    assert!(kib > 512, "implausible peak RSS {kib} KiB");
     Measured {
         out: Output {
             status: std::process::ExitStatus::from_raw(status),
             stdout: so.join().expect("stdout thread"),
-            stderr: se.join().expect("stderr thread"),
+            stderr,
         },
         wall,
-        // Linux reports ru_maxrss in KiB.
-        max_rss_mib: usage.ru_maxrss as f64 / 1024.0,
+        max_rss_mib: kib as f64 / 1024.0,
     }
 }
 
@@ -267,7 +273,9 @@ pub fn write_real_dims(path: &std::path::Path, big: GgmlType) {
             data: None,
         });
     };
-    for layer in std::iter::once(None).chain((0..c.num_hidden_layers).map(Some)) {
+    // The decoder layers and the MTP layer GLM-5 files carry as blk.78: a full MoE layer plus its
+    // nextn tensors (inventoried and shape-checked, never run).
+    for layer in std::iter::once(None).chain((0..c.gguf_block_count()).map(Some)) {
         for d in glm_dsa::HF_TABLE {
             let applies = match layer {
                 None => d.scope == Scope::Global,
@@ -289,8 +297,10 @@ pub fn write_real_dims(path: &std::path::Path, big: GgmlType) {
             }
         }
     }
-    // The MTP layer that GLM-5 files carry as blk.78 (ignored by the forward).
     add("blk.78.nextn.eh_proj.weight".into(), vec![6144, 12288]);
+    for n in ["enorm", "hnorm", "shared_head_norm"] {
+        add(format!("blk.78.nextn.{n}.weight"), vec![6144]);
+    }
     let u = |v: usize| Value::U32(v as u32);
     let k = |s: &str| format!("glm-dsa.{s}");
     let meta: Vec<(String, Value)> = vec![
