@@ -441,10 +441,9 @@ impl Activations {
                 // Already in token order (this runs again after keys are renamed).
                 continue;
             }
-            let Some(ids) = router_ids_key(layer).and_then(|k| self.tensors.get(&k)) else {
+            let Some(rows) = ids_in(self, &router_ids_keys(layer)) else {
                 continue;
             };
-            let Some(rows) = ids.rows_i64() else { continue };
             let hit: BTreeSet<i64> = rows.iter().flat_map(|r| r.iter().copied()).collect();
             let Some(&expert) = hit.iter().nth(n) else {
                 continue;
@@ -605,12 +604,29 @@ fn expert_act_call(key: &str) -> Option<(usize, usize)> {
     rest.strip_prefix('#')?.parse().ok().map(|n| (l, n))
 }
 
-fn router_ids_key(layer: usize) -> Option<String> {
-    let paths = LayerPaths::new(layer, true).ok()?;
+fn router_ids_keys(layer: usize) -> Vec<String> {
+    let Ok(paths) = LayerPaths::new(layer, true) else {
+        return Vec::new();
+    };
     match &paths.mlp.kind {
-        MlpKind::Moe { gate, .. } => Some(format!("{gate}.{}", conv::TOPK_INDICES)),
-        MlpKind::Dense(_) => None,
+        MlpKind::Moe { gate, .. } => router_ids_alternatives(gate),
+        MlpKind::Dense(_) => Vec::new(),
     }
+}
+
+/// Where a dump may hold a router's expert ids: the fixtures' recomputed `topk_indices`, or the
+/// router's own tuple output `gate.2` (what a plain forward hook records), in that order.
+fn router_ids_alternatives(gate: &str) -> Vec<String> {
+    vec![
+        format!("{gate}.{}", conv::TOPK_INDICES),
+        format!("{gate}.2"),
+    ]
+}
+
+/// The rows of the first of `keys` that `acts` holds as an integer tensor.
+fn ids_in<'a>(acts: &'a Activations, keys: &[String]) -> Option<Vec<&'a [i64]>> {
+    keys.iter()
+        .find_map(|k| acts.tensors.get(k).and_then(Act::rows_i64))
 }
 
 /// The graph over the keys of both dumps.
@@ -2160,11 +2176,16 @@ pub fn compare(
                 row.positions_compared = keep.partial();
             }
             Role::RouterWeights => {
-                let ids = graph.router_of.get(key).and_then(|(ids, _, _)| {
-                    Some((
-                        reference.tensors.get(ids)?.rows_i64()?,
-                        cand.tensors.get(ids)?.rows_i64()?,
-                    ))
+                // Each dump's own ids pair its weights with experts (the slot order of the top-k
+                // is an implementation detail): its tuple sibling `gate.2` or `topk_indices`.
+                let ids = graph.router_of.get(key).and_then(|(_, _, gate)| {
+                    let keys = router_ids_alternatives(gate);
+                    let own = if key.ends_with(".1") {
+                        keys.iter().rev().cloned().collect::<Vec<_>>()
+                    } else {
+                        keys
+                    };
+                    Some((ids_in(reference, &own)?, ids_in(cand, &own)?))
                 });
                 let k = ra.shape.last().copied().unwrap_or(0);
                 match (ids, ra.f32(), ca.f32()) {

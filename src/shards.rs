@@ -297,6 +297,8 @@ pub struct AgainstReport {
     pub aliases: BTreeMap<String, usize>,
     /// With --allow-unexpected, unknown names were listed but did not make the run incomplete.
     pub allow_unexpected: bool,
+    /// vLLM buffers (attention scales, RoPE caches) a `state_dict()` dump holds: not weights.
+    pub buffers_ignored: usize,
     pub findings: Vec<Finding>,
     /// Parameters in the plan absent from the dump (param@rank for partial absences).
     pub missing: Vec<String>,
@@ -439,6 +441,7 @@ pub fn against(
     let mut first_error = None;
     let mut unexpected = BTreeSet::new();
     let mut aliases: BTreeMap<String, usize> = BTreeMap::new();
+    let mut buffers = 0;
     let planned: BTreeSet<&str> = plan.params.iter().map(|p| p.param.as_str()).collect();
     for r in 0..tp {
         if !expected_ranks.contains(&r) {
@@ -467,7 +470,11 @@ pub fn against(
                     }
                 }
                 for name in unknown {
-                    unexpected.insert(format!("{name}@rank{r}"));
+                    if crate::arch::glm_dsa::is_vllm_buffer(&name) {
+                        buffers += 1;
+                    } else {
+                        unexpected.insert(format!("{name}@rank{r}"));
+                    }
                 }
                 ranks.push(Some(f));
             }
@@ -637,6 +644,7 @@ pub fn against(
         checked_shards,
         aliases,
         allow_unexpected: opts.allow_unexpected,
+        buffers_ignored: buffers,
         findings,
         missing,
         unexpected: unexpected.into_iter().collect(),

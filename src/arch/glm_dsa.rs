@@ -201,6 +201,24 @@ pub struct VllmDef {
     pub aliases: &'static [&'static str],
 }
 
+/// vLLM buffers a `state_dict()` dump may hold beside the parameters: not weights of the GGUF, so
+/// recognized and not compared (vLLM 0.33, `deepseek_v32`: attention scales, RoPE caches).
+pub const VLLM_BUFFERS: &[&str] = &[
+    "model.layers.{L}.self_attn._k_scale",
+    "model.layers.{L}.self_attn._v_scale",
+    "model.layers.{L}.self_attn._q_scale",
+    "model.layers.{L}.self_attn._prob_scale",
+    "model.layers.{L}.self_attn.rotary_emb.cos_sin_cache",
+    "model.layers.{L}.self_attn.indexer_rope_emb.cos_sin_cache",
+];
+
+/// Whether `name` is one of vLLM's buffers ([`VLLM_BUFFERS`]).
+pub fn is_vllm_buffer(name: &str) -> bool {
+    VLLM_BUFFERS
+        .iter()
+        .any(|t| match_template(t, name).is_some())
+}
+
 /// Which vLLM version's parameter names a dump uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -636,7 +654,7 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         style: TpStyle::Replicated,
         scope: Scope::Moe,
         v033: None,
-        aliases: &[],
+        aliases: &["model.layers.{L}.mlp.experts.gate.weight"],
     },
     VllmDef {
         vllm: "model.layers.{L}.mlp.gate.e_score_correction_bias",
@@ -645,7 +663,10 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         style: TpStyle::Replicated,
         scope: Scope::Moe,
         v033: None,
-        aliases: &[],
+        aliases: &[
+            "model.layers.{L}.mlp.experts.gate.e_score_correction_bias",
+            "model.layers.{L}.mlp.experts.routed_experts.e_score_correction_bias",
+        ],
     },
     // Expert parts are stacked over {E} first ([E, I, H]), then concatenated along cat_dim.
     VllmDef {
@@ -680,7 +701,7 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         style: TpStyle::MergedColumn,
         scope: Scope::Moe,
         v033: None,
-        aliases: &[],
+        aliases: &["model.layers.{L}.mlp.experts._shared_experts._layer.gate_up_proj.weight"],
     },
     VllmDef {
         vllm: "model.layers.{L}.mlp.shared_experts.down_proj.weight",
@@ -689,7 +710,7 @@ pub const VLLM_TABLE: &[VllmDef] = &[
         style: TpStyle::Row,
         scope: Scope::Moe,
         v033: None,
-        aliases: &[],
+        aliases: &["model.layers.{L}.mlp.experts._shared_experts._layer.down_proj.weight"],
     },
     VllmDef {
         vllm: "model.norm.weight",

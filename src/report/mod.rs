@@ -433,7 +433,13 @@ pub fn against_text(r: &crate::shards::AgainstReport) -> String {
     }
     for (alias, n) in &r.aliases {
         out.push_str(&format!(
-            "read under another vLLM name: {alias} ({n} tensor(s); the same parameter as glmcheck's plan names)\n"
+            "read under another name of the same parameter: {alias} ({n} tensor(s))\n"
+        ));
+    }
+    if r.buffers_ignored > 0 {
+        out.push_str(&format!(
+            "{} vLLM buffer(s) (attention scales, RoPE caches) recognized, not weights: not compared\n",
+            r.buffers_ignored
         ));
     }
     if !r.unexpected.is_empty() {
