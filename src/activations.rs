@@ -1257,6 +1257,54 @@ pub fn weight_class(model: &GgufModel) -> GgmlType {
         .unwrap_or(GgmlType::F32)
 }
 
+/// What the reference's weights are, relative to the candidate's GGUF: what may differ decides the
+/// bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReferenceWeights {
+    /// The same GGUF run by glmcheck (its `--dump`): only the compute dtype may differ.
+    Same,
+    /// The same GGUF run by another engine (llama.cpp, a deployment's dump): its kernels differ
+    /// (activations quantized for the matmuls, fused kernels), the weights do not.
+    SameGguf,
+    /// The unquantized originals (a transformers dump of the HF checkpoint): the quant type's
+    /// noise on top.
+    Original,
+}
+
+impl ReferenceWeights {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReferenceWeights::Same => "same",
+            ReferenceWeights::SameGguf => "same-gguf",
+            ReferenceWeights::Original => "original",
+        }
+    }
+
+    /// What a dump's metadata says: glmcheck's dump of a GGUF with this file name and weight class
+    /// is the same GGUF; anything else is taken as the originals (the loosest, never a false
+    /// alarm from weight noise).
+    pub fn of_dump(acts: &Activations, gguf: &Path, weights: GgmlType) -> Self {
+        let base = |p: &str| {
+            Path::new(p)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        };
+        let same_file = acts
+            .metadata
+            .get(meta::GGUF)
+            .and_then(|g| base(g))
+            .zip(base(&gguf.to_string_lossy()))
+            .is_some_and(|(a, b)| a == b);
+        let same_type = acts.metadata.get(meta::WEIGHTS).map(String::as_str) == Some(weights.name);
+        if same_file && same_type {
+            ReferenceWeights::Same
+        } else {
+            ReferenceWeights::Original
+        }
+    }
+}
+
 /// How far a candidate may be from an f32 transformers reference and still be correct.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Tolerances {
@@ -1276,6 +1324,8 @@ pub struct Tolerances {
     pub router_flip_max: f64,
     /// What the figures are based on.
     pub basis: String,
+    /// What the reference's weights are (decides which figures apply).
+    pub reference: ReferenceWeights,
 }
 
 /// Weight noise classes with measured (or derived) tolerances.
@@ -1316,6 +1366,60 @@ impl Tolerances {
     /// near-tie: the indexer's choices are noise-dominated at that precision, and a broken indexer
     /// shows in its float outputs instead. Not measured, derived: f16 compute takes bf16's bounds;
     /// 5- and 6-bit types take the 4-bit ones; 2- and 3-bit types twice those.
+    /// Tolerances against a reference whose weights relate to the candidate's as `reference` says:
+    /// the same GGUF through glmcheck leaves only the compute dtype ([`Self::for_profile`] with F32
+    /// weights); the same GGUF through another engine adds its kernels' noise, measured against
+    /// llama.cpp's logits of the fixtures (llama-cpp-python 0.3.36, both prompts, worst: F32 KL
+    /// 9.0e-8, BF16 2.2e-5, Q8_0 mean 8.6e-3 / max 8.0e-2 / top-1 15 of 18, Q4_K_M mean 1.7e-2 /
+    /// max 0.15 / top-1 25 of 27 — its indexer picks near-ties differently), bounds about 3× that;
+    /// the originals take the full profile.
+    pub fn for_reference(
+        dtype: ComputeDtype,
+        weights: GgmlType,
+        reference: ReferenceWeights,
+    ) -> Self {
+        match reference {
+            ReferenceWeights::Original => Self::for_profile(dtype, weights),
+            ReferenceWeights::Same => {
+                let mut t = Self::for_profile(dtype, GgmlType::F32);
+                t.reference = reference;
+                t.basis = format!(
+                    "{} compute, the same {} weights on both sides (glmcheck's own run)",
+                    dtype.name(),
+                    weights.name
+                );
+                t
+            }
+            ReferenceWeights::SameGguf => {
+                let bits = weight_bits(weights);
+                let mut t =
+                    Self::for_profile(dtype, if bits >= 16 { weights } else { GgmlType::F32 });
+                if bits < 16 {
+                    let full = Self::for_profile(dtype, weights);
+                    let (kl_mean, kl_max) = if bits >= 8 {
+                        (3e-2, 0.25)
+                    } else {
+                        (5e-2, 0.45)
+                    };
+                    t = Tolerances {
+                        kl_mean,
+                        kl_max,
+                        top1_min: 0.75,
+                        ..full
+                    };
+                }
+                t.reference = reference;
+                t.basis = format!(
+                    "{} compute, the same {} weights run by another engine (kernel noise measured \
+                     against llama.cpp)",
+                    dtype.name(),
+                    weights.name
+                );
+                t
+            }
+        }
+    }
+
     pub fn for_profile(dtype: ComputeDtype, weights: GgmlType) -> Self {
         let bits = weight_bits(weights);
         let half = dtype != ComputeDtype::F32;
@@ -1345,6 +1449,7 @@ impl Tolerances {
             top1_min: v.3,
             score_noise: v.4,
             router_flip_max: v.5,
+            reference: ReferenceWeights::Original,
             basis: format!(
                 "{} compute, {} weights ({basis})",
                 dtype.name(),
@@ -1495,6 +1600,8 @@ pub struct LogitsCmp {
     /// Positions whose top-1 differs only between logits closer than the storage rounding (counted
     /// as agreeing in `top1_agree`).
     pub top1_storage_ties: usize,
+    /// (position, KL) for every compared position.
+    pub kl_by_position: Vec<(usize, f64)>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -1758,6 +1865,9 @@ pub fn classify_topk_row(
 #[derive(Debug, Clone)]
 pub struct CompareOptions {
     pub tolerances: Tolerances,
+    /// The model's `index_topk`, when known: a divergence that starts at that position points at
+    /// the DSA indexer.
+    pub index_topk: Option<usize>,
 }
 
 fn get_f32<'a>(acts: &'a Activations, key: &str) -> Option<&'a [f32]> {
@@ -2379,6 +2489,49 @@ pub fn compare(
     let only_reference: Vec<String> = ref_keys.difference(&cand_keys).cloned().collect();
     let only_candidate: Vec<String> = cand_keys.difference(&ref_keys).cloned().collect();
     let mut first_divergence = first_divergence;
+    // A divergence first seen at the output says nothing about the lm_head weight when nothing
+    // before it could show one: no module was compared, or every module sat inside the loose
+    // noise of different weights (GGUF vs the originals). Say so, and what the positions show.
+    let lm_head = ModelPaths::new().map(|m| m.lm_head).ok();
+    if let Some(f) = first_divergence.as_mut() {
+        let at_output = graph.node(&f.module).role == Role::Logits
+            || lm_head.as_deref() == Some(f.module.as_str());
+        let inner = rows
+            .iter()
+            .filter(|r| {
+                r.role != Role::Logits
+                    && r.role != Role::InputIds
+                    && lm_head.as_deref() != Some(r.name.as_str())
+            })
+            .count();
+        let positions = logits_cmp
+            .as_ref()
+            .and_then(|l| indexer_signature(l, opts.index_topk, tol));
+        if at_output && (inner == 0 || tol.reference == ReferenceWeights::Original) {
+            let positions = positions.map_or(String::new(), |p| format!("; {p}"));
+            f.reading = if inner == 0 {
+                format!(
+                    "{} diverges; only the logits were compared (the reference holds no module \
+                     outputs), so the fault cannot be localized to a module{positions}. To find the \
+                     module, compare against a dump with module outputs: `forward --dump` of the \
+                     same GGUF without the suspected change",
+                    short_name(&f.module)
+                )
+            } else {
+                format!(
+                    "{} diverges; every module before it matches within the noise of different \
+                     weights ({}), which is too coarse to localize the fault{positions}. Compare \
+                     against a same-weights reference: `forward --dump` of the same GGUF without \
+                     the suspected change, or llama.cpp's logits of it (--reference-weights \
+                     same-gguf)",
+                    short_name(&f.module),
+                    tol.basis
+                )
+            };
+        } else if let Some(p) = positions.filter(|_| at_output) {
+            f.reading = format!("{}; {p}", f.reading);
+        }
+    }
     let is_indexer = |k: &str| graph.node(k).role == Role::IndexerIds && !graph.node(k).aux;
     if only_reference.iter().any(|k| is_indexer(k)) && !cand_keys.iter().any(|k| is_indexer(k)) {
         notes.push(format!(
@@ -2419,6 +2572,31 @@ pub fn compare(
         only_reference,
         only_candidate,
         notes,
+    })
+}
+
+/// When the logits agree closely below `index_topk` and diverge from there on: the DSA indexer's
+/// signature (its top-k restricts attention only once a query sees more than index_topk keys).
+fn indexer_signature(l: &LogitsCmp, index_topk: Option<usize>, tol: &Tolerances) -> Option<String> {
+    let k = index_topk?;
+    let before: Vec<&(usize, f64)> = l.kl_by_position.iter().filter(|(i, _)| *i < k).collect();
+    let after: Vec<&(usize, f64)> = l.kl_by_position.iter().filter(|(i, _)| *i >= k).collect();
+    if before.is_empty() || after.is_empty() {
+        return None;
+    }
+    let mean = |v: &[&(usize, f64)]| v.iter().map(|x| x.1).sum::<f64>() / v.len() as f64;
+    let (mb, ma) = (mean(&before), mean(&after));
+    let worst_before = before.iter().map(|x| x.1).fold(0.0, f64::max);
+    let first_bad = after
+        .iter()
+        .find(|(_, kl)| *kl > (2.0 * worst_before).max(tol.kl_mean))?
+        .0;
+    (ma > tol.kl_mean && ma > 10.0 * mb).then(|| {
+        format!(
+            "the logits agree closely below index_topk ({k}; mean KL {mb:.1e}) and diverge from \
+             position {first_bad} on (mean KL {ma:.1e}), where the DSA indexer's top-k starts to \
+             restrict attention: suspect the indexer (switched off, or choosing other keys)"
+        )
     })
 }
 
@@ -2527,6 +2705,7 @@ pub fn logits_metrics(
     let (mut kl_sum, mut kl_max, mut kl_max_pos, mut agree, mut dp2) = (0.0, 0.0, 0, 0, 0.0);
     let (mut h_c, mut h_r, mut max_abs) = (0.0, 0.0, 0f64);
     let (mut ks_sum, mut ks_max, mut storage_ties) = (0.0, 0f64, 0);
+    let mut kl_by_position = Vec::new();
     let u = |x: f32, y: f32| {
         compare::storage_half_ulp(storage.0, x) + compare::storage_half_ulp(storage.1, y)
     };
@@ -2551,6 +2730,7 @@ pub fn logits_metrics(
             })
             .sum();
         kl_sum += kl;
+        kl_by_position.push((i, kl));
         if kl > kl_max || kl.is_nan() {
             kl_max = kl;
             kl_max_pos = i;
@@ -2599,6 +2779,7 @@ pub fn logits_metrics(
         kl_storage_mean: ks_sum / nf,
         kl_storage_max: ks_max,
         top1_storage_ties: storage_ties,
+        kl_by_position,
     }
 }
 

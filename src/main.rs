@@ -358,6 +358,30 @@ struct TolFlags {
     /// listed but do not make the run "incomplete" (exit 1).
     #[arg(long)]
     allow_incomparable: bool,
+    /// What the reference's weights are: same (glmcheck's --dump of the same GGUF: only the compute
+    /// dtype differs), same-gguf (the same GGUF run by another engine, e.g. llama.cpp: its kernel
+    /// noise too), original (the unquantized checkpoint, e.g. transformers: the quant type's noise).
+    /// Default: same for glmcheck's dump of this GGUF, else original.
+    #[arg(long, value_enum, value_name = "KIND")]
+    reference_weights: Option<RefWeightsArg>,
+}
+
+/// `--reference-weights`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum RefWeightsArg {
+    Same,
+    SameGguf,
+    Original,
+}
+
+impl RefWeightsArg {
+    fn lib(self) -> activations::ReferenceWeights {
+        match self {
+            RefWeightsArg::Same => activations::ReferenceWeights::Same,
+            RefWeightsArg::SameGguf => activations::ReferenceWeights::SameGguf,
+            RefWeightsArg::Original => activations::ReferenceWeights::Original,
+        }
+    }
 }
 
 impl TolFlags {
@@ -956,6 +980,12 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                 }
                 None => None,
             };
+            // What the reference's weights are: the flag, else the dump's own metadata.
+            let mut ref_kind = match (tol.reference_weights, &ref_acts) {
+                (Some(k), _) => k.lib(),
+                (None, Some(a)) => activations::ReferenceWeights::of_dump(a, file, weights),
+                (None, None) => activations::ReferenceWeights::Original,
+            };
             // --tp without --reference: the truth is the unsharded forward of the same file, so
             // only summation order may differ (the weight noise is the same on both sides).
             let ref_acts = match (ref_acts, &tp_model) {
@@ -967,6 +997,7 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                         Activations::from_capture(&cap, prompt.as_deref(), Default::default())?;
                     a.source = format!("the unsharded forward of {}", file.display());
                     tol_weights = glmcheck::gguf::GgmlType::F32;
+                    ref_kind = activations::ReferenceWeights::Same;
                     Some(a)
                 }
                 (None, None) => None,
@@ -978,8 +1009,13 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                 top: 5,
                 gguf: file.display().to_string(),
                 prompt: prompt.clone(),
-                tolerances: Some(tol.apply(Tolerances::for_profile(dtype, tol_weights))),
+                tolerances: Some(tol.apply(Tolerances::for_reference(
+                    dtype,
+                    tol_weights,
+                    ref_kind,
+                ))),
                 bench: *bench,
+                index_topk: cfg.index_topk,
             };
             let runner = match &tp_model {
                 Some(m) => fwd::Runner::Tp(m),
@@ -1042,8 +1078,20 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                     .ok_or_else(|| anyhow::anyhow!("--weights: unknown GGML type `{w}`"))?,
                 None => meta_weights,
             };
+            // Two glmcheck dumps of the same GGUF hold the same weights; anything else is taken
+            // as the originals unless the flag says otherwise.
+            let ref_kind = tol
+                .reference_weights
+                .map(RefWeightsArg::lib)
+                .unwrap_or_else(|| match c.metadata.get(activations::meta::GGUF) {
+                    Some(g) => {
+                        activations::ReferenceWeights::of_dump(&r, std::path::Path::new(g), weights)
+                    }
+                    None => activations::ReferenceWeights::Original,
+                });
             let opts = activations::CompareOptions {
-                tolerances: tol.apply(Tolerances::for_profile(dtype, weights)),
+                tolerances: tol.apply(Tolerances::for_reference(dtype, weights, ref_kind)),
+                index_topk: None,
             };
             let mut cmp = activations::compare(&r, &c, &opts)?;
             cmp.allow_incomparable = tol.allow_incomparable;

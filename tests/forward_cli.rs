@@ -97,6 +97,7 @@ fn spec(dtype: ComputeDtype, weights: glmcheck::gguf::GgmlType, new: usize) -> F
         prompt: None,
         tolerances: None,
         bench: 0,
+        index_topk: 8,
     }
 }
 
@@ -329,6 +330,7 @@ fn diff_without_replay_keeps_ties_out_of_the_verdict() {
         &cand,
         &glmcheck::activations::CompareOptions {
             tolerances: Tolerances::for_profile(ComputeDtype::F32, glmcheck::gguf::GgmlType::F32),
+            index_topk: Some(8),
         },
     )
     .expect("compare");
@@ -714,6 +716,7 @@ fn measure_tolerances() {
         score_noise: 10.0,
         router_flip_max: 1.0,
         basis: "measurement".into(),
+        reference: glmcheck::activations::ReferenceWeights::Original,
     };
     println!(
         "| weights | compute | prompt | worst module rel-L2 | module | worst index_scores rel-L2 | KL mean | KL max | top-1 | RMS Δp | differing top-k rows (exact ties) | worst swap margin / row max | routed-expert flips (tokens) |"
@@ -819,6 +822,7 @@ fn simulated_tp_equals_the_unsharded_forward() {
             &ours,
             &glmcheck::activations::CompareOptions {
                 tolerances: tol.clone(),
+                index_topk: Some(8),
             },
         )
         .expect("compare");

@@ -68,6 +68,8 @@ pub struct ForwardSpec {
     pub tolerances: Option<Tolerances>,
     /// Time this many extra plain (uncaptured) forwards of the prompt and report the best.
     pub bench: usize,
+    /// The model's `index_topk` (read by the comparison: where the indexer starts to matter).
+    pub index_topk: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -299,6 +301,7 @@ pub fn run(
             &capture,
             &CompareOptions {
                 tolerances: tol.clone(),
+                index_topk: Some(spec.index_topk),
             },
         )?),
         None => None,
