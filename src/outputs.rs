@@ -73,6 +73,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_interrupt_mid_write_removes_the_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("dump.safetensors");
+        let r: Result<(), AtomicError<String>> = write_atomically(&dest, |tmp| {
+            std::fs::write(tmp, b"half a dump").map_err(|e| e.to_string())?;
+            assert!(tmp.exists());
+            // What the Ctrl-C handler does while this write is in flight.
+            remove_pending();
+            assert!(!tmp.exists(), "the temp file survived the interrupt");
+            Err("interrupted".to_string())
+        });
+        assert!(r.is_err());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
     fn a_failed_write_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let dest = dir.path().join("r.json");

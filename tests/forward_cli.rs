@@ -1,5 +1,5 @@
 //! `glmcheck forward` and `glmcheck diff` on the tiny fixtures: the GGUF's tokenizer against HF's,
-//! the forward against transformers' dumps (F32 within 1e-4, BF16/Q8_0/Q4_K_M within the measured
+//! the forward against transformers' dumps (F32 within 1e-5, BF16/Q8_0/Q4_K_M within the measured
 //! bounds), ties told apart from divergence, `--dsa dense`, dumps, and `diff` naming a perturbed
 //! module. `measure_tolerances` (ignored) prints the figures behind `Tolerances::for_profile`.
 
@@ -233,13 +233,14 @@ fn f32_forward_matches_transformers_on_prompt0() {
     assert!(modules.len() > 100, "{} modules compared", modules.len());
     for m in modules {
         if let Some(r) = m["rel_l2"].as_f64() {
-            assert!(r <= 1e-4, "{}: rel-L2 {r}", m["name"]);
+            // Measured 1.2e-6: a 10× regression fails.
+            assert!(r <= 1e-5, "{}: rel-L2 {r}", m["name"]);
         }
         assert_eq!(m["status"], "match", "{m}");
     }
     let l = &v["logits"];
     assert!(l["kl_mean"].as_f64().expect("kl") < 1e-9, "{l}");
-    assert!(l["max_abs"].as_f64().expect("max_abs") <= 1e-3, "{l}");
+    assert!(l["max_abs"].as_f64().expect("max_abs") <= 5e-5, "{l}");
     assert_eq!(l["top1_agree"].as_f64(), Some(1.0));
     assert_eq!(v["tokens"], serde_json::json!(ids));
     assert_eq!(v["continuation_ids"].as_array().map(Vec::len), Some(2));

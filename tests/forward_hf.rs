@@ -24,8 +24,10 @@ use glmcheck::model::{Capture, DsaMode, Glm5, ModelError, ModelOptions, NoCaptur
 use glmcheck::weights::Weights;
 use safetensors::{Dtype, SafeTensors};
 
-const REL_L2: f64 = 1e-4;
-const LOGITS_MAX_ABS: f64 = 1e-3;
+/// A small multiple of what is measured (worst float module 1.2e-6, logits max-abs 4.3e-6): a 10×
+/// regression fails.
+const REL_L2: f64 = 1e-5;
+const LOGITS_MAX_ABS: f64 = 5e-5;
 /// Reference entries at or below this are transformers' additive mask (finfo(f32).min + score).
 const MASKED: f32 = -1e30;
 
@@ -660,11 +662,22 @@ fn plain_forward_differs_only_from_the_first_tie_on() {
                 );
             }
         }
-        if first_tie.is_none() {
-            assert_eq!(
+        match first_tie {
+            None => assert_eq!(
                 ours, replay_rows,
                 "{name}: nothing replayed, so both runs are one run"
-            );
+            ),
+            // The tie decided differently does change what follows: the plain run differs there.
+            Some(t) => {
+                let worst = (t..fx.tokens.len())
+                    .map(|i| max_abs(&ours[i], &theirs[i]))
+                    .fold(0.0, f64::max);
+                assert!(
+                    worst > 10.0 * LOGITS_MAX_ABS,
+                    "{name}: the plain run agrees after the tie at {t} (max-abs {worst:.3e}): \
+                     the replay changed nothing"
+                );
+            }
         }
     }
 }
@@ -724,28 +737,47 @@ fn dense_equals_sparse_up_to_index_topk_tokens_and_not_beyond() {
 
 #[test]
 fn bf16_compute_stays_close_to_transformers_f32() {
+    use glmcheck::activations::{Activations, Aligner, ComputeDtype, Tolerances};
     let model = load_model(ModelOptions {
         dtype: DType::BF16,
         dsa: DsaMode::Sparse,
     });
-    let fx = Fixture::load("prompt0");
-    let mut cap = VecCapture::new();
-    let logits = model.forward(&fx.tokens, &mut cap).expect("forward");
-    assert_eq!(logits.dtype(), DType::BF16);
-    let v = model.config().vocab_size;
-    let ours = rows(&host_f32(&logits), v);
-    let theirs = fx.get("logits").rows_f32();
     let k = model.config().index_topk;
-    let mut worst: f64 = 0.0;
-    for i in 0..k.min(fx.tokens.len()) {
-        let r = rel_l2(&ours[i], &theirs[i]);
-        worst = worst.max(r);
+    let v = model.config().vocab_size;
+    let tol = Tolerances::for_profile(ComputeDtype::Bf16, glmcheck::gguf::GgmlType::F32);
+    // Every position, beyond index_topk too (prompt1 has 27 tokens, k = 8): where bf16 noise
+    // flips a near-tied top-k choice, transformers' choice is replayed, as `forward --reference`
+    // does, so what is compared is the arithmetic, not a tie-break.
+    for name in ["prompt0", "prompt1"] {
+        let fx = Fixture::load(name);
+        let reference =
+            Activations::load(&fixture_dir().join(format!("activations/{name}.safetensors")))
+                .expect("reference");
+        let mut cap = Aligner::new(&reference, tol.score_noise);
+        let logits = model.forward(&fx.tokens, &mut cap).expect("forward");
+        assert_eq!(logits.dtype(), DType::BF16);
+        let ours = rows(&host_f32(&logits), v);
+        let theirs = fx.get("logits").rows_f32();
+        let worst = (0..fx.tokens.len())
+            .map(|i| rel_l2(&ours[i], &theirs[i]))
+            .fold(0.0, f64::max);
+        let beyond = (k..fx.tokens.len())
+            .map(|i| rel_l2(&ours[i], &theirs[i]))
+            .fold(0.0, f64::max);
+        eprintln!(
+            "bf16 {name}: worst per-position logits rel-L2 {worst:.3e} ({beyond:.3e} beyond index_topk; {} replayed)",
+            cap.replayed.len()
+        );
+        assert!(fx.tokens.len() > k || name == "prompt0");
+        // Measured 9.3e-3 on both prompts: about 2× headroom.
+        assert!(worst < 2e-2, "{name}: bf16 logits rel-L2 {worst:.3e}");
+        // The router and indexer scores stay f32.
+        let gate = cap
+            .inner
+            .get("model.layers.1.mlp.gate")
+            .expect("router logits");
+        assert_eq!(gate.dtype(), DType::F32);
     }
-    eprintln!("bf16: worst per-position logits rel-L2 over the first {k} positions {worst:.3e}");
-    assert!(worst < 5e-2, "bf16 logits rel-L2 {worst:.3e}");
-    // The router and indexer scores stay f32.
-    let gate = cap.get("model.layers.1.mlp.gate").expect("router logits");
-    assert_eq!(gate.dtype(), DType::F32);
 }
 
 #[test]
