@@ -691,8 +691,18 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
         } => {
             let model = open(file)?;
             let selected = scan::select(&model, tensors);
+            if model.tensor_count() == 0 {
+                anyhow::bail!(
+                    "{} holds no tensors (a vocab-only GGUF?): nothing to dequantize",
+                    file.display()
+                );
+            }
             if selected.is_empty() {
-                anyhow::bail!("no tensor of {} matches {:?}", file.display(), tensors);
+                anyhow::bail!(
+                    "no tensor of {} matches --tensor {}",
+                    file.display(),
+                    tensors.join(" --tensor ")
+                );
             }
             let total: u64 = selected.iter().map(|t| t.info.n_bytes).sum();
             let bar = progress(cli.quiet, total);
@@ -890,6 +900,9 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                 DsaMode::Sparse
             };
             let model = open(file)?;
+            // The architecture first: a file of another model is named as such before its
+            // tokenizer, the tokens or a reference are looked at.
+            let cfg = ConfigReader::read(&model, glmcheck::arch::ARCH)?.config;
             let hf = hf_config_check(hf_config.as_deref(), &model)?;
             let tokenizer = match (GgufTokenizer::from_gguf(&model), prompt) {
                 (Ok(t), _) => Some(t),
@@ -927,7 +940,6 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                 }
                 None => None,
             };
-            let cfg = ConfigReader::read(&model, glmcheck::arch::ARCH)?.config;
             let w = Weights::new(&model, &cfg, candle_core::Device::Cpu);
             let glm = Glm5::load_with(
                 &w,

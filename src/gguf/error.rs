@@ -30,7 +30,7 @@ pub enum GgufError {
         count: u32,
         expected: PathBuf,
     },
-    #[error("{file}: {what}, not a GGUF file")]
+    #[error("{file}: {what}")]
     NotAFile { file: PathBuf, what: String },
     #[error("{file}: does not belong to the split set of {first}: {reason}")]
     ForeignPart {

@@ -143,7 +143,13 @@ impl GgufFile {
         if let Some(what) = not_a_regular_file(path) {
             return Err(GgufError::NotAFile {
                 file: path.to_path_buf(),
-                what,
+                what: format!("{what}, not a GGUF file"),
+            });
+        }
+        if !path.exists() {
+            return Err(GgufError::NotAFile {
+                file: path.to_path_buf(),
+                what: "does not exist".into(),
             });
         }
         let file = File::open(path).map_err(io)?;
@@ -151,7 +157,7 @@ impl GgufFile {
         if file_size == 0 {
             return Err(GgufError::NotAFile {
                 file: path.to_path_buf(),
-                what: "is empty (0 bytes)".into(),
+                what: "is empty (0 bytes), not a GGUF file".into(),
             });
         }
         // SAFETY: the map is read-only and private; glmcheck never writes model files. A file truncated by
