@@ -1986,12 +1986,21 @@ fn normalize<'a>(
     notes: &mut Vec<String>,
 ) -> (Cow<'a, Activations>, Cow<'a, Activations>) {
     let mut cand_c: Cow<'a, Activations> = Cow::Borrowed(cand);
+    let mut ref_c: Cow<'a, Activations> = Cow::Borrowed(reference);
     let only_ref: Vec<String> = reference
         .order
         .iter()
         .filter(|k| !cand.tensors.contains_key(*k))
         .cloned()
         .collect();
+    // Both sides end under glmcheck's own naming (HF paths from the top module, `logits`), which
+    // the dataflow knows; a pair is renamed only where exactly one alternative matches.
+    let canonical = |k: &str| {
+        k == conv::LOGITS
+            || k == conv::INPUT_IDS
+            || (k.starts_with("model.") && !k.starts_with("model.model."))
+            || k == "model"
+    };
     let mut claimed = BTreeSet::new();
     let mut renamed = Vec::new();
     for k in &only_ref {
@@ -2000,14 +2009,31 @@ fn normalize<'a>(
             .filter(|a| cand.tensors.contains_key(a) && !reference.tensors.contains_key(a))
             .filter(|a| !claimed.contains(a))
             .collect();
-        if let [alt] = hits.as_slice() {
-            claimed.insert(alt.clone());
+        let [alt] = hits.as_slice() else {
+            continue;
+        };
+        claimed.insert(alt.clone());
+        // Keep the canonical one of the two names (`logits` over the lm_head path).
+        let keep_ref = if k == conv::LOGITS || alt == conv::LOGITS {
+            k == conv::LOGITS
+        } else {
+            canonical(k) || !canonical(alt)
+        };
+        if keep_ref {
             cand_c.to_mut().rename(alt, k);
             renamed.push(format!("{alt} → {k}"));
+        } else {
+            ref_c.to_mut().rename(k, alt);
+            renamed.push(format!("{k} → {alt}"));
         }
     }
     if !renamed.is_empty() {
-        cand_c.to_mut().canonicalize_expert_rows();
+        if let Cow::Owned(c) = &mut cand_c {
+            c.canonicalize_expert_rows();
+        }
+        if let Cow::Owned(r) = &mut ref_c {
+            r.canonicalize_expert_rows();
+        }
         notes.push(format!(
             "{} module(s) matched under another name: {}{}",
             renamed.len(),
@@ -2020,7 +2046,6 @@ fn normalize<'a>(
             if renamed.len() > 4 { ", …" } else { "" }
         ));
     }
-    let mut ref_c: Cow<'a, Activations> = Cow::Borrowed(reference);
     let mut reshaped = Vec::new();
     let keys: Vec<String> = ref_c.order.clone();
     for k in keys {

@@ -541,6 +541,77 @@ fn a_bf16_dump_with_batch_dims_kept_matches_a_correct_forward() {
 }
 
 #[test]
+fn a_dump_hooked_on_the_inner_model_is_matched_by_name() {
+    // Hooks registered on `model.model` (GlmMoeDsaModel) name modules without the `model.` prefix.
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = dir.path().join("inner.safetensors");
+    rewrite_safetensors(
+        &fixture("activations/prompt0.safetensors"),
+        &p,
+        |_, _, _, _| true,
+    );
+    let bytes = std::fs::read(&p).expect("read");
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).expect("header");
+    let mut meta = header.metadata().clone().unwrap_or_default();
+    meta.remove("execution_order");
+    meta.remove("call_order");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("st");
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(n, _)| n != "lm_head")
+        .map(|(n, v)| (n.strip_prefix("model.").unwrap_or(&n).to_string(), v))
+        .collect();
+    safetensors::serialize_to_file(views, Some(meta), &p).expect("write");
+    let (code, v) = forward_against(&p, &[]);
+    assert_eq!(code, Some(0), "{:#}", v["first_divergence"]);
+    assert!(
+        v["comparison"]["notes"]
+            .to_string()
+            .contains("matched under another name"),
+        "{}",
+        v["comparison"]["notes"]
+    );
+    let modules = v["modules"].as_array().expect("modules");
+    assert!(modules.len() > 100, "{} compared", modules.len());
+    // The dataflow still knows them: the indexer's ids are compared as top-k sets.
+    assert!(modules
+        .iter()
+        .any(|m| m["name"] == "model.layers.1.self_attn.indexer" && m["topk"].is_object()));
+}
+
+#[test]
+fn near_uniform_output_is_garbage_only_when_the_reference_is_not() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let flat = |src: &Path, out: &Path| {
+        rewrite_safetensors(src, out, |name, _, _, data| {
+            if name == "logits" || name == "lm_head" {
+                for c in data.chunks_exact_mut(4) {
+                    let x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                    c.copy_from_slice(&(x * 1e-3).to_le_bytes());
+                }
+            }
+            true
+        })
+    };
+    let p0 = fixture("activations/prompt0.safetensors");
+    let flat0 = dir.path().join("flat.safetensors");
+    flat(&p0, &flat0);
+    let diff = |a: &Path, b: &Path| {
+        let out = glmcheck(&["diff", s(a), s(b), "--json"]);
+        json_of(&out)
+    };
+    // A random-weight model's own output is near uniform: expected, not garbage.
+    let v = diff(&flat0, &flat0);
+    assert_eq!(v["logits"]["reference_uniform"], true);
+    assert_eq!(v["logits"]["garbage"], false);
+    // Near uniform where the reference is not: garbage.
+    let v = diff(&p0, &flat0);
+    assert_eq!(v["logits"]["reference_uniform"], false);
+    assert_eq!(v["logits"]["garbage"], true);
+}
+
+#[test]
 fn a_transposed_module_is_incomparable_never_diverged() {
     let dir = tempfile::tempdir().expect("tmp");
     let p = dir.path().join("transposed.safetensors");

@@ -266,17 +266,24 @@ impl<'a> ConfigReader<'a> {
     pub fn read(model: &'a GgufModel, arch: &str) -> Result<ConfigReport, GgufError> {
         // A file of another architecture gets no GLM-5 defaults invented for it.
         if let Some(found) = model.value("general.architecture") {
-            if found.as_str() != Some(arch) {
-                let e = model.get_meta("general.architecture");
-                return Err(GgufError::invalid(
-                    model.file_of_meta("general.architecture"),
-                    "metadata `general.architecture`",
-                    e.map_or(0, |e| e.offset),
-                    match found.as_str() {
-                        Some(a) => format!("architecture {a}: glmcheck checks {arch} models"),
-                        None => format!("must be a string, found {}", found.type_name()),
-                    },
-                ));
+            match found.as_str() {
+                Some(a) if a == arch => {}
+                Some(a) => {
+                    return Err(GgufError::ForeignArch {
+                        file: model.file_of_meta("general.architecture").to_path_buf(),
+                        found: a.to_string(),
+                        wanted: arch.to_string(),
+                    })
+                }
+                None => {
+                    let e = model.get_meta("general.architecture");
+                    return Err(GgufError::invalid(
+                        model.file_of_meta("general.architecture"),
+                        "metadata `general.architecture`",
+                        e.map_or(0, |e| e.offset),
+                        format!("must be a string, found {}", found.type_name()),
+                    ));
+                }
             }
         }
         let d = Config::glm5();

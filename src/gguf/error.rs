@@ -32,6 +32,12 @@ pub enum GgufError {
     },
     #[error("{file}: {what}")]
     NotAFile { file: PathBuf, what: String },
+    #[error("{file}: architecture {found}: glmcheck checks {wanted} models (`glmcheck inspect` inventories it)")]
+    ForeignArch {
+        file: PathBuf,
+        found: String,
+        wanted: String,
+    },
     #[error("{file}: does not belong to the split set of {first}: {reason}")]
     ForeignPart {
         file: PathBuf,
