@@ -153,3 +153,20 @@ pub fn activation_dump(data: &[u8]) -> bool {
     }
     true
 }
+
+/// Parses bytes as a deployment's config.json the way `--hf-config` reads one, then checks it
+/// against GLM-5's config and renders the findings. Returns whether the bytes were accepted.
+pub fn hf_config(data: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return false;
+    };
+    let Ok(hf) = crate::arch::hf_config::HfConfig::parse(path(), text) else {
+        return false;
+    };
+    let cfg = crate::arch::Config::glm5();
+    let check = crate::arch::hf_config::check(&hf, &cfg, &[]);
+    let _ = check.fails();
+    let _ = crate::report::hf_config::hf_config_text(&check);
+    let _ = crate::report::hf_config::hf_config_json(&check);
+    true
+}

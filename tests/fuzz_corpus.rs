@@ -20,6 +20,7 @@ const TARGETS: &[(&str, Entry)] = &[
     ("safetensors_dump", glmcheck::fuzzing::safetensors_dump),
     ("tokenizer", glmcheck::fuzzing::tokenizer),
     ("activation_dump", glmcheck::fuzzing::activation_dump),
+    ("hf_config", glmcheck::fuzzing::hf_config),
 ];
 
 fn fuzz_dir() -> PathBuf {
