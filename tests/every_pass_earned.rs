@@ -161,3 +161,80 @@ fn against_the_originals_a_logits_only_divergence_is_not_blamed_on_lm_head() {
         "{reading}"
     );
 }
+
+/// Each weight profile has a case just outside it: one layer's o_proj weight scaled (F32 by 2 %,
+/// Q8_0 by 15 %, both above their profile's module bound and below anything gross) must diverge
+/// against the transformers reference, first at that o_proj, blaming its weight.
+#[test]
+fn a_weight_just_outside_its_profile_is_found_at_its_module() {
+    use glmcheck::gguf::{GgmlType, GgufModel};
+    let dir = tempfile::tempdir().expect("tmp");
+    for (stem, factor) in [("tiny-F32", 1.02f32), ("tiny-Q8_0", 1.15)] {
+        let model = GgufModel::open(&gguf(stem)).expect("fixture");
+        let out = dir.path().join(format!("{stem}-oproj.gguf"));
+        common::write_edited(
+            &model,
+            &out,
+            |_, v| v.clone(),
+            |name, t, b| {
+                let mut b = b.to_vec();
+                if name == "blk.1.attn_output.weight" {
+                    match t {
+                        GgmlType::F32 => {
+                            for c in b.chunks_exact_mut(4) {
+                                let x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * factor;
+                                c.copy_from_slice(&x.to_le_bytes());
+                            }
+                        }
+                        // Q8_0: 34-byte blocks, an f16 scale then 32 int8 values.
+                        GgmlType::Q8_0 => {
+                            for c in b.chunks_exact_mut(34) {
+                                let d = half::f16::from_le_bytes([c[0], c[1]]).to_f32() * factor;
+                                c[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+                            }
+                        }
+                        other => panic!("{stem}: o_proj is {other}"),
+                    }
+                }
+                (t, b)
+            },
+        );
+        let t = ids("prompt0");
+        let o = glmcheck(&[
+            "forward",
+            s(&out),
+            "--tokens",
+            &t,
+            "--reference",
+            s(&fixture("activations/prompt0.safetensors")),
+            "--max-new-tokens",
+            "0",
+            "--json",
+        ]);
+        let v: Json = serde_json::from_slice(&o.stdout).expect("json");
+        assert_eq!(o.status.code(), Some(1), "{stem}: {}", stderr(&o));
+        let f = &v["first_divergence"];
+        assert_eq!(
+            f["module"], "model.layers.1.self_attn.o_proj",
+            "{stem}: {f:#}"
+        );
+        assert!(
+            f["reading"]
+                .as_str()
+                .is_some_and(|r| r.contains("o_proj weight")),
+            "{stem}: {f:#}"
+        );
+        // And the unedited file is within its profile (the twin that must pass).
+        let o = glmcheck(&[
+            "forward",
+            s(&gguf(stem)),
+            "--tokens",
+            &t,
+            "--reference",
+            s(&fixture("activations/prompt0.safetensors")),
+            "--max-new-tokens",
+            "0",
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{stem} unedited: {}", stdout(&o));
+    }
+}

@@ -108,6 +108,10 @@ fn a_key_that_disagrees_with_the_tensors_is_a_named_problem_and_the_tensors_deci
             && msg.contains("0 trailing block"),
         "{msg}"
     );
+    // shards plans the real three layers.
+    let out = glmcheck(&["shards", s(&p), "--tp", "2", "--layer", "2", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!json_of(&out)["params"].as_array().expect("params").is_empty());
     // forward runs the real three layers: it matches transformers' reference of the tiny model.
     let out = glmcheck(&[
         "forward",
