@@ -1347,7 +1347,7 @@ impl Tolerances {
     ///
     /// Measured on the fixtures (glmcheck's forward of each GGUF against transformers' f32 dumps of
     /// both prompts, the reference's top-k replayed at indexer ties, every captured module; produced
-    /// by `cargo test --test forward_cli measure_tolerances -- --ignored --nocapture`, full table in
+    /// by `cargo test --test forward_cli measured_figures_sit_inside_their_profiles -- --nocapture`, full table in
     /// reports/forward-tolerances.md). Worst over both prompts:
     ///
     /// | compute | weights | worst rel-L2 (module / index scores) | KL mean / max | top-1 | top-k swap margin / row max | routed-expert flips |
