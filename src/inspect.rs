@@ -214,22 +214,26 @@ impl InspectReport {
                 ts.tensors, ts.dtype
             ));
         }
-        let Some((cr, config)) = cr.zip(config.clone()) else {
-            return Ok(InspectReport {
-                files,
-                arch,
-                config: None,
-                defaulted,
-                config_sources,
-                tensor_count: model.tensor_count(),
-                total_bytes,
-                types: by_type.into_values().collect(),
-                tokenizer: tokenizer_summary(model),
-                tensors,
-                problems,
-                notes,
-            });
+        let mut report = InspectReport {
+            files,
+            arch,
+            config: config.clone(),
+            defaulted,
+            config_sources,
+            tensor_count: model.tensor_count(),
+            total_bytes,
+            types: by_type.into_values().collect(),
+            tokenizer: tokenizer_summary(model),
+            tensors,
+            problems,
+            notes,
         };
+        let Some((cr, config)) = cr.zip(config) else {
+            return Ok(report);
+        };
+        let InspectReport {
+            problems, notes, ..
+        } = &mut report;
         if let Some(k) = cr.mtp.key_disagrees() {
             let key = format!("{ARCH}.nextn_predict_layers");
             problems.push(Problem {
@@ -263,21 +267,7 @@ impl InspectReport {
         let (shape_problems, shape_notes) = check_tensors(model, &config);
         problems.extend(shape_problems);
         notes.extend(shape_notes);
-
-        Ok(InspectReport {
-            files,
-            arch,
-            config: Some(config),
-            defaulted,
-            config_sources,
-            tensor_count: model.tensor_count(),
-            total_bytes,
-            types: by_type.into_values().collect(),
-            tokenizer: tokenizer_summary(model),
-            tensors,
-            problems,
-            notes,
-        })
+        Ok(report)
     }
 }
 

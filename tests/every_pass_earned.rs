@@ -9,12 +9,8 @@ mod common;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use common::{fixture, gguf, glmcheck, stderr, stdout};
+use common::{fixture, gguf, glmcheck, path_str as s, stderr, stdout};
 use serde_json::Value as Json;
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
 
 /// The fixture prompt's token ids, as `--tokens` takes them.
 fn ids(prompt: &str) -> String {

@@ -11,18 +11,12 @@ mod common;
 
 use std::path::Path;
 
-use common::{fixture, gguf, glmcheck, rewrite_safetensors, stderr, stdout, write_edited};
+use common::{
+    fixture, gguf, glmcheck, json_of, path_str as s, rewrite_safetensors, stderr, stdout,
+    write_edited,
+};
 use glmcheck::gguf::{GgmlType, GgufModel, Value};
 use serde_json::Value as Json;
-
-fn json_of(out: &std::process::Output) -> Json {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}{}", stdout(out), stderr(out)))
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
 
 /// tiny-F32 with `nextn_predict_layers` set to `v` (None: the key removed).
 fn with_nextn_key(v: Option<u32>, out: &Path) {
@@ -39,7 +33,14 @@ fn with_nextn_key(v: Option<u32>, out: &Path) {
             (e.key.clone(), value)
         })
         .collect();
-    let tensors: Vec<glmcheck::gguf::writer::WriteTensor> = model
+    let tensors = tensors_of(&model);
+    let mut f = std::fs::File::create(out).expect("create");
+    glmcheck::gguf::writer::write_gguf(&mut f, &kvs, &tensors, 32).expect("write");
+}
+
+/// Every tensor of `model`, as the writer takes them (bytes borrowed).
+fn tensors_of(model: &GgufModel) -> Vec<glmcheck::gguf::writer::WriteTensor<'_>> {
+    model
         .tensors()
         .map(|t| glmcheck::gguf::writer::WriteTensor {
             name: t.info.name.clone(),
@@ -47,9 +48,7 @@ fn with_nextn_key(v: Option<u32>, out: &Path) {
             dtype: t.info.dtype,
             data: Some(t.bytes()),
         })
-        .collect();
-    let mut f = std::fs::File::create(out).expect("create");
-    glmcheck::gguf::writer::write_gguf(&mut f, &kvs, &tensors, 32).expect("write");
+        .collect()
 }
 
 fn inspect(path: &Path) -> (Option<i32>, Json) {
@@ -111,7 +110,10 @@ fn a_key_that_disagrees_with_the_tensors_is_a_named_problem_and_the_tensors_deci
     // shards plans the real three layers.
     let out = glmcheck(&["shards", s(&p), "--tp", "2", "--layer", "2", "--json"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(!json_of(&out)["params"].as_array().expect("params").is_empty());
+    assert!(!json_of(&out)["params"]
+        .as_array()
+        .expect("params")
+        .is_empty());
     // forward runs the real three layers: it matches transformers' reference of the tiny model.
     let out = glmcheck(&[
         "forward",
@@ -167,15 +169,7 @@ fn with_mtp_block(out: &Path, key: Option<u32>, eh_in: u64) {
     for n in ["enorm", "hnorm", "shared_head_norm"] {
         extra.push((format!("blk.3.nextn.{n}.weight"), vec![h], f32s(h, 1.0)));
     }
-    let mut tensors: Vec<glmcheck::gguf::writer::WriteTensor> = model
-        .tensors()
-        .map(|t| glmcheck::gguf::writer::WriteTensor {
-            name: t.info.name.clone(),
-            ne: t.info.ne.clone(),
-            dtype: t.info.dtype,
-            data: Some(t.bytes()),
-        })
-        .collect();
+    let mut tensors = tensors_of(&model);
     for (name, ne, data) in &extra {
         tensors.push(glmcheck::gguf::writer::WriteTensor {
             name: name.clone(),

@@ -8,19 +8,12 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{fixture, gguf, glmcheck, rewrite_safetensors, stderr, stdout};
+use common::{
+    fixture, gguf, glmcheck, json_of, path_str as s, rewrite_safetensors, stderr, stdout,
+};
 use serde_json::Value as Json;
 
 const PROMPT0_IDS: &str = "294,266,220,17,10,17,30,220,468,478,68,286,262,414,13,278,286,266";
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
-fn json_of(out: &std::process::Output) -> Json {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}{}", stdout(out), stderr(out)))
-}
 
 fn run(args: &[&str]) -> (Option<i32>, Json) {
     let out = glmcheck(args);

@@ -306,24 +306,19 @@ impl<'a> ConfigReader<'a> {
                 top + 1,
                 Some("1 + the highest blk.N in the file".to_string()),
             ),
-            (None, None) => {
+            (key, _) => {
                 let n = r.uint_max(
                     "num_hidden_layers",
                     "block_count",
                     d.gguf_block_count(),
                     MAX_BLOCKS,
                 )?;
-                (n, None)
-            }
-            (Some(_), _) => {
-                let n = r.uint_max(
-                    "num_hidden_layers",
-                    "block_count",
-                    d.gguf_block_count(),
-                    MAX_BLOCKS,
-                )?;
-                r.sources.pop();
-                (n, Some(format!("`{block_key}`")))
+                // The key's value: the source becomes derived (minus the MTP blocks) below.
+                let src = key.is_some().then(|| format!("`{block_key}`"));
+                if src.is_some() {
+                    r.sources.pop();
+                }
+                (n, src)
             }
         };
         // The MTP (nextn) layers are the trailing blocks that hold `nextn.*` tensors: the tensors

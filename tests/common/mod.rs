@@ -156,6 +156,17 @@ pub fn rewrite_safetensors(
     safetensors::serialize_to_file(views, metadata, dst).expect("write safetensors");
 }
 
+/// A path as a command-line argument.
+pub fn path_str(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// The command's stdout as JSON (the panic shows both streams).
+pub fn json_of(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}{}", stdout(out), stderr(out)))
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
