@@ -109,7 +109,20 @@ fn llamacpp_logits_of_the_same_gguf_pass_and_catch_dsa_dense() {
             assert_eq!(code, Some(0), "{stem} {prompt}: {:#}", v["logits"]);
             let mut dense = args.to_vec();
             dense.extend_from_slice(&["--dsa", "dense"]);
-            let (code, v) = forward(stem, prompt, &dense);
+            let (code, d) = forward(stem, prompt, &dense);
+            // The table of reports/same-gguf-tolerances.md (--nocapture prints it).
+            let row = |v: &Json| {
+                let l = &v["logits"];
+                format!(
+                    "{:.2e} | {:.2e} | {}/{}",
+                    l["kl_mean"].as_f64().unwrap_or(f64::NAN),
+                    l["kl_max"].as_f64().unwrap_or(f64::NAN),
+                    l["top1_agree_count"],
+                    l["positions"]
+                )
+            };
+            println!("| {ty} | {prompt} | {} | {} |", row(&v), row(&d));
+            let v = d;
             assert_eq!(code, Some(1), "{stem} {prompt} dense: {:#}", v["logits"]);
             let reading = v["first_divergence"]["reading"].as_str().expect("reading");
             assert!(
