@@ -433,27 +433,12 @@ fn a_replicated_embedding_is_a_valid_cut() {
 // ---------------------------------------------------------------------------------------------
 // Activation dumps compared by meaning
 
-const PROMPT0_IDS: &str = "294,266,220,17,10,17,30,220,468,478,68,286,262,414,13,278,286,266";
-
 fn forward_against(reference: &Path, extra: &[&str]) -> (Option<i32>, Json) {
     forward_on(&gguf("tiny-F32"), reference, extra)
 }
 
 fn forward_on(model: &Path, reference: &Path, extra: &[&str]) -> (Option<i32>, Json) {
-    let mut args = vec![
-        "forward",
-        s(model),
-        "--tokens",
-        PROMPT0_IDS,
-        "--reference",
-        s(reference),
-        "--max-new-tokens",
-        "0",
-        "--json",
-    ];
-    args.extend_from_slice(extra);
-    let out = glmcheck(&args);
-    (out.status.code(), json_of(&out))
+    common::forward_prompt0(model, reference, extra)
 }
 
 /// prompt0's reference rewritten as another writer lays it out: floats as bf16, ids as i32, a

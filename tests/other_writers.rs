@@ -13,27 +13,13 @@ use common::{
 };
 use serde_json::Value as Json;
 
-const PROMPT0_IDS: &str = "294,266,220,17,10,17,30,220,468,478,68,286,262,414,13,278,286,266";
-
 fn run(args: &[&str]) -> (Option<i32>, Json) {
     let out = glmcheck(args);
     (out.status.code(), json_of(&out))
 }
 
 fn forward(model: &Path, reference: &Path, extra: &[&str]) -> (Option<i32>, Json) {
-    let mut args = vec![
-        "forward",
-        s(model),
-        "--tokens",
-        PROMPT0_IDS,
-        "--reference",
-        s(reference),
-        "--max-new-tokens",
-        "0",
-        "--json",
-    ];
-    args.extend_from_slice(extra);
-    run(&args)
+    common::forward_prompt0(model, reference, extra)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -156,6 +156,32 @@ pub fn rewrite_safetensors(
     safetensors::serialize_to_file(views, metadata, dst).expect("write safetensors");
 }
 
+/// The token ids of fixtures/tiny/activations/prompt0.safetensors.
+pub const PROMPT0_IDS: &str = "294,266,220,17,10,17,30,220,468,478,68,286,262,414,13,278,286,266";
+
+/// `forward MODEL --tokens <prompt0> --reference REFERENCE --max-new-tokens 0 --json EXTRA…`:
+/// the exit code and the JSON.
+pub fn forward_prompt0(
+    model: &Path,
+    reference: &Path,
+    extra: &[&str],
+) -> (Option<i32>, serde_json::Value) {
+    let mut args = vec![
+        "forward",
+        path_str(model),
+        "--tokens",
+        PROMPT0_IDS,
+        "--reference",
+        path_str(reference),
+        "--max-new-tokens",
+        "0",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = glmcheck(&args);
+    (out.status.code(), json_of(&out))
+}
+
 /// A path as a command-line argument.
 pub fn path_str(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
