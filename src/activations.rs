@@ -27,7 +27,6 @@
 //! comparison). [`tp`]: the forward as vLLM's tensor-parallel ranks compute it.
 
 pub mod forward;
-pub mod tp;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -969,18 +969,18 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                         }
                         None => None,
                     };
-                    let m = fwd::tp_model(&glm, &w, &plan, rank_dump.as_ref())?;
+                    let m = Glm5::sharded(&w, &plan, rank_dump.as_ref(), glm.options())?;
                     notes.push(match weights_from {
                         Some(dir) => format!(
                             "simulated tp={tp}: the ranks' weights from {}{}",
                             dir.display(),
-                            if m.missing_from_dump.is_empty() {
+                            if m.fallbacks().is_empty() {
                                 String::new()
                             } else {
                                 format!(
                                     " ({} parameter(s) absent there, cut from the GGUF: {})",
-                                    m.missing_from_dump.len(),
-                                    m.missing_from_dump.join(", ")
+                                    m.fallbacks().len(),
+                                    m.fallbacks().join(", ")
                                 )
                             }
                         ),
@@ -1029,12 +1029,8 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
                 bench: *bench,
                 index_topk: cfg.index_topk,
             };
-            let runner = match &tp_model {
-                Some(m) => fwd::Runner::Tp(m),
-                None => fwd::Runner::Plain(&glm),
-            };
-            let mut outcome =
-                fwd::run(&runner, tokenizer.as_ref(), &ids, ref_acts.as_ref(), &spec)?;
+            let runner = tp_model.as_ref().unwrap_or(&glm);
+            let mut outcome = fwd::run(runner, tokenizer.as_ref(), &ids, ref_acts.as_ref(), &spec)?;
             outcome.notes = notes;
             if let Some(c) = outcome.comparison.as_mut() {
                 c.allow_incomparable = tol.allow_incomparable;

@@ -80,13 +80,42 @@ pub struct ParamPlan {
     pub problems: Vec<String>,
     #[serde(skip)]
     pub cuts: Vec<Cut>,
+    /// Each fused HF part's extent along the concatenation dim of the full tensor (one entry for an
+    /// unfused parameter).
+    #[serde(skip)]
+    pub part_rows: Vec<usize>,
     #[serde(skip)]
     pub def: &'static VllmDef,
     #[serde(skip)]
     pub idx: Idx,
 }
 
+/// Where one HF parameter lies inside a rank's shard of the vLLM parameter that holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartSlice {
+    pub dim: usize,
+    pub start: usize,
+    pub len: usize,
+}
+
 impl ParamPlan {
+    /// Where HF part `part` of this (possibly fused) parameter lies in any rank's shard; `None` when
+    /// the parameter has one part (the whole shard is it). Merged column-parallel parts (gate/up,
+    /// w13) give each rank `rows / tp` of every part, in part order; a replicated fused parameter
+    /// (`fused_qkv_a_proj`, `wk_weights_proj`) keeps the parts whole.
+    pub fn part_slice(&self, part: usize, tp: usize) -> Option<PartSlice> {
+        if self.part_rows.len() < 2 || part >= self.part_rows.len() {
+            return None;
+        }
+        let merged = matches!(self.style, TpStyle::MergedColumn | TpStyle::MoeW13);
+        let rows = |n: usize| if merged { n / tp } else { n };
+        Some(PartSlice {
+            dim: self.def.cat_dim,
+            start: self.part_rows[..part].iter().map(|&n| rows(n)).sum(),
+            len: rows(self.part_rows[part]),
+        })
+    }
+
     /// Rank r's shard of the full (unsharded vLLM) tensor.
     pub fn shard(&self, full: &Tensor, rank: usize) -> candle_core::Result<Tensor> {
         match self.cuts.get(rank) {
@@ -102,6 +131,23 @@ pub struct ShardPlan {
     pub params: Vec<ParamPlan>,
     /// GGUF blocks holding MTP (nextn) layers: not part of the served model, so not planned.
     pub mtp_blocks: Vec<usize>,
+}
+
+impl ShardPlan {
+    /// The vLLM parameter that holds HF parameter `hf_template` (the name table's template) of
+    /// `layer`, and which of its parts it is.
+    pub fn holder(&self, hf_template: &str, layer: Option<usize>) -> Option<(&ParamPlan, usize)> {
+        self.params
+            .iter()
+            .filter(|p| p.layer == layer)
+            .find_map(|p| {
+                p.def
+                    .parts
+                    .iter()
+                    .position(|x| *x == hf_template)
+                    .map(|i| (p, i))
+            })
+    }
 }
 
 fn blocks(n: usize, tp: usize, r: usize, offset: usize) -> (usize, usize) {
@@ -346,6 +392,7 @@ fn plan_param(
         splits_quant_blocks,
         problems,
         cuts,
+        part_rows,
         def,
         idx,
     }
@@ -496,4 +543,139 @@ pub fn check_reassembly(p: &ParamPlan, full: &Tensor, tp: usize) -> Result<(), S
         return Err("shards concatenated back differ from the full tensor".into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::config::ConfigReader;
+    use candle_core::{Device, Tensor};
+
+    fn tiny() -> (GgufModel, Config) {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny/tiny-F32.gguf");
+        let m = GgufModel::open(&path).expect("fixture");
+        let c = ConfigReader::read(&m, "glm-dsa").expect("config").config;
+        (m, c)
+    }
+
+    fn param<'p>(plan: &'p ShardPlan, name: &str) -> &'p ParamPlan {
+        plan.params
+            .iter()
+            .find(|p| p.param == name)
+            .unwrap_or_else(|| panic!("{name} not planned"))
+    }
+
+    #[test]
+    fn each_style_cuts_what_vllm_cuts() {
+        let (m, c) = tiny();
+        let plan = ShardPlan::new(&m, &c, 4);
+        let qb = param(&plan, "model.layers.1.self_attn.q_b_proj.weight");
+        assert_eq!((qb.style, qb.shard_dim), (TpStyle::Column, Some(0)));
+        let rows = qb.full_shape[0];
+        assert_eq!(qb.cuts[2].ranges, vec![(rows / 2, 3 * rows / 4)]);
+        let o = param(&plan, "model.layers.1.self_attn.o_proj.weight");
+        assert_eq!(o.shard_dim, Some(1));
+        assert_eq!(
+            o.shard_shape,
+            vec![c.hidden_size, c.num_attention_heads / 4 * c.v_head_dim]
+        );
+        // Merged gate/up: rank r takes its quarter of gate rows, then its quarter of up rows.
+        let gu = param(&plan, "model.layers.0.mlp.gate_up_proj.weight");
+        let i = c.intermediate_size;
+        assert_eq!(
+            gu.cuts[1].ranges,
+            vec![(i / 4, i / 2), (i + i / 4, i + i / 2)]
+        );
+        // Vocab: padded to ×64, the last rank's padding rows are zero rows.
+        let e = param(&plan, "model.embed_tokens.weight");
+        let vp = padded_vocab(c.vocab_size);
+        assert_eq!(e.cuts[3].len(), vp / 4);
+        assert_eq!(e.cuts[3].pad, vp - c.vocab_size.max(3 * vp / 4));
+        let norm = param(&plan, "model.norm.weight");
+        assert!(norm.cuts.is_empty() && norm.shard_dim.is_none());
+        assert!(plan.params.iter().all(|p| p.problems.is_empty()));
+    }
+
+    #[test]
+    fn fused_parts_are_found_in_the_rank_shard() {
+        let (m, c) = tiny();
+        let plan = ShardPlan::new(&m, &c, 4);
+        let (gu, part) = plan
+            .holder("model.layers.{L}.mlp.up_proj.weight", Some(0))
+            .expect("up_proj is held");
+        assert_eq!(
+            (gu.param.as_str(), part),
+            ("model.layers.0.mlp.gate_up_proj.weight", 1)
+        );
+        let i = c.intermediate_size;
+        assert_eq!(
+            gu.part_slice(1, 4),
+            Some(PartSlice {
+                dim: 0,
+                start: i / 4,
+                len: i / 4
+            })
+        );
+        // Replicated fused: kv_a keeps its whole rows after q_a's.
+        let (qkv, part) = plan
+            .holder(
+                "model.layers.{L}.self_attn.kv_a_proj_with_mqa.weight",
+                Some(1),
+            )
+            .expect("kv_a is held");
+        assert_eq!(part, 1);
+        assert_eq!(
+            qkv.part_slice(1, 4),
+            Some(PartSlice {
+                dim: 0,
+                start: c.q_lora_rank,
+                len: c.kv_lora_rank + c.qk_rope_head_dim
+            })
+        );
+        // w13: the up half of each expert's rows, per rank.
+        let (w13, part) = plan
+            .holder("model.layers.{L}.mlp.experts.{E}.up_proj.weight", Some(1))
+            .expect("experts' up is held");
+        let mi = c.moe_intermediate_size;
+        assert_eq!(
+            w13.part_slice(part, 4),
+            Some(PartSlice {
+                dim: 1,
+                start: mi / 4,
+                len: mi / 4
+            })
+        );
+        // An unfused parameter is its whole shard; a part of another layer is not found.
+        let (o, _) = plan
+            .holder("model.layers.{L}.self_attn.o_proj.weight", Some(2))
+            .expect("o_proj");
+        assert_eq!(o.part_slice(0, 4), None);
+        assert!(plan
+            .holder("model.layers.{L}.self_attn.o_proj.weight", Some(99))
+            .is_none());
+    }
+
+    #[test]
+    fn a_cut_reassembles_to_the_full_tensor() {
+        let (m, c) = tiny();
+        let plan = ShardPlan::new(&m, &c, 2);
+        let gu = param(&plan, "model.layers.0.mlp.gate_up_proj.weight");
+        let n: usize = gu.full_shape.iter().product();
+        let full = Tensor::arange(0f32, n as f32, &Device::Cpu)
+            .and_then(|t| t.reshape(gu.full_shape.as_slice()))
+            .expect("tensor");
+        assert_eq!(check_reassembly(gu, &full, 2), Ok(()));
+        let r1 = gu.shard(&full, 1).expect("shard");
+        let first = r1
+            .get(0)
+            .and_then(|r| r.get(0))
+            .and_then(|v| v.to_scalar::<f32>());
+        // Rank 1's first row is gate row I/2.
+        let cols = gu.full_shape[1];
+        assert_eq!(
+            first.expect("value"),
+            ((c.intermediate_size / 2) * cols) as f32
+        );
+    }
 }

@@ -371,14 +371,7 @@ fn quantized_ggufs_stay_inside_the_measured_bounds() {
         );
         for r in &refs {
             let ids = r.tokens.clone().expect("tokens");
-            let out = forward::run(
-                &forward::Runner::Plain(&model),
-                None,
-                &ids,
-                Some(r),
-                &spec(dtype, wc, 0),
-            )
-            .expect("run");
+            let out = forward::run(&model, None, &ids, Some(r), &spec(dtype, wc, 0)).expect("run");
             let c = out.comparison.expect("comparison");
             let l = c.logits.as_ref().expect("logits");
             assert!(
@@ -425,7 +418,7 @@ fn f32_tolerances_reject_quantized_weights() {
         glmcheck::gguf::GgmlType::F32,
     ));
     let ids = r.tokens.clone().expect("tokens");
-    let c = forward::run(&forward::Runner::Plain(&model), None, &ids, Some(&r), &s)
+    let c = forward::run(&model, None, &ids, Some(&r), &s)
         .expect("run")
         .comparison
         .expect("comparison");
@@ -736,7 +729,7 @@ fn measured_figures_sit_inside_their_profiles() {
                 let mut s = spec(dtype, wc, 0);
                 s.tolerances = Some(loose.clone());
                 let ids = r.tokens.clone().expect("tokens");
-                let c = forward::run(&forward::Runner::Plain(&model), None, &ids, Some(&r), &s)
+                let c = forward::run(&model, None, &ids, Some(&r), &s)
                     .expect("run")
                     .comparison
                     .expect("comparison");
@@ -828,7 +821,6 @@ fn measured_figures_sit_inside_their_profiles() {
 /// f32, the same top-k and routing everywhere.
 #[test]
 fn simulated_tp_equals_the_unsharded_forward() {
-    use glmcheck::activations::forward::{tp_model, Runner};
     let m = GgufModel::open(&gguf("tiny-F32")).expect("open");
     let cfg = ConfigReader::read(&m, "glm-dsa").expect("config").config;
     let w = Weights::new(&m, &cfg, Device::Cpu);
@@ -841,11 +833,10 @@ fn simulated_tp_equals_the_unsharded_forward() {
     tol.rel_l2 = 1e-5;
     for tp in [1, 2, 4, 8] {
         let plan = glmcheck::plan::ShardPlan::new(&m, &cfg, tp);
-        let tpm = tp_model(&model, &w, &plan, None).expect("tp model");
+        let tpm = Glm5::sharded(&w, &plan, None, model.options()).expect("tp model");
+        assert_eq!(tpm.tp(), tp);
         let mut cap = glmcheck::model::VecCapture::new();
-        Runner::Tp(&tpm)
-            .forward(&ids, &mut cap)
-            .expect("tp forward");
+        tpm.forward(&ids, &mut cap).expect("tp forward");
         let ours = Activations::from_capture(&cap, None, Default::default()).expect("acts");
         assert_eq!(
             ours.order, unsharded.order,

@@ -851,7 +851,7 @@ fn norm_epsilons_match_transformers_in_isolation() {
                 "{name} {what}: eps ×10 goes unnoticed ({bad:.3e})"
             );
         };
-        for (l, layer) in model.layers.iter().enumerate() {
+        for (l, layer) in model.layers().iter().enumerate() {
             let p = format!("model.layers.{l}");
             let attn = format!("{p}.self_attn");
             check_rms(
@@ -892,6 +892,11 @@ fn norm_epsilons_match_transformers_in_isolation() {
             );
         }
         let last = format!("model.layers.{}", c.num_hidden_layers - 1);
-        check_rms("model.norm", &model.norm, &tensor(&last), "model.norm");
+        check_rms(
+            "model.norm",
+            model.norm().expect("final norm"),
+            &tensor(&last),
+            "model.norm",
+        );
     }
 }

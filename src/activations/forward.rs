@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use candle_core::{DType, Tensor};
 use serde::Serialize;
 
-pub use super::tp::{Runner, TpModel};
 use super::{compare, meta, ActError, Activations, Aligner, CompareOptions, Comparison};
 use super::{ComputeDtype, Tolerances};
 use crate::gguf::GgmlType;
@@ -40,16 +39,6 @@ impl From<candle_core::Error> for ForwardError {
     fn from(e: candle_core::Error) -> Self {
         ForwardError::Candle(Box::new(e))
     }
-}
-
-/// The simulated tensor-parallel model (see [`super::tp`]).
-pub fn tp_model(
-    base: &Glm5,
-    w: &crate::weights::Weights,
-    plan: &crate::plan::ShardPlan,
-    dump: Option<&crate::dump::RankDump>,
-) -> Result<TpModel, super::tp::TpError> {
-    TpModel::new(base, w, plan, dump)
 }
 
 /// How to run.
@@ -186,13 +175,12 @@ fn argmax(row: &[f32]) -> u32 {
 
 /// Runs the forward (and the comparison when `reference` is given).
 pub fn run(
-    runner: &Runner,
+    model: &Glm5,
     tokenizer: Option<&GgufTokenizer>,
     tokens: &[u32],
     reference: Option<&Activations>,
     spec: &ForwardSpec,
 ) -> Result<ForwardOutcome, ForwardError> {
-    let model = runner.base();
     let tol = spec
         .tolerances
         .clone()
@@ -217,12 +205,12 @@ pub fn run(
     let (logits, capture, replayed) = match reference {
         Some(r) => {
             let mut cap = Aligner::new(r, tol.score_noise);
-            let logits = runner.forward(tokens, &mut cap)?;
+            let logits = model.forward(tokens, &mut cap)?;
             (logits, cap.inner, cap.replayed)
         }
         None => {
             let mut cap = crate::model::VecCapture::new();
-            let logits = runner.forward(tokens, &mut cap)?;
+            let logits = model.forward(tokens, &mut cap)?;
             (logits, cap, Vec::new())
         }
     };
@@ -233,8 +221,8 @@ pub fn run(
         );
     }
     let mut capture = Activations::from_capture(&capture, spec.prompt.as_deref(), metadata)?;
-    if let Runner::Tp(m) = runner {
-        capture.source = format!("glmcheck forward (simulated tp={})", m.tp());
+    if let Some(tp) = model.simulated_tp() {
+        capture.source = format!("glmcheck forward (simulated tp={tp})");
     }
 
     let row = last_row(&logits)?;
@@ -274,7 +262,7 @@ pub fn run(
             stopped = Some("max_position_embeddings reached".into());
             break;
         }
-        let l = runner.forward(&seq, &mut NoCapture)?;
+        let l = model.forward(&seq, &mut NoCapture)?;
         next = argmax(&last_row(&l)?);
     }
     let continuation = match tokenizer {
@@ -291,7 +279,7 @@ pub fn run(
     let mut forward_seconds = None;
     for _ in 0..spec.bench {
         let start = std::time::Instant::now();
-        runner.forward(tokens, &mut NoCapture)?;
+        model.forward(tokens, &mut NoCapture)?;
         let s = start.elapsed().as_secs_f64();
         forward_seconds = Some(forward_seconds.map_or(s, |b: f64| b.min(s)));
     }
@@ -321,10 +309,7 @@ pub fn run(
         continuation,
         stopped,
         replayed,
-        tp: match runner {
-            Runner::Tp(m) => Some(m.tp()),
-            Runner::Plain(_) => None,
-        },
+        tp: model.simulated_tp(),
         notes: Vec::new(),
         forward_seconds,
         comparison,

@@ -7,7 +7,10 @@ use super::capture::{emit, emit_with, Capture};
 use super::indexer::Indexer;
 use super::names::{conv, sub, AttnPaths};
 use super::ops::{additive, one_hot_rows, CausalMask, Linear, RmsNorm, Rope, RopeTables};
-use super::DsaMode;
+use super::source::{Params, WeightSource};
+use super::{DsaMode, ModelError};
+use crate::arch::glm_dsa::Role;
+use crate::arch::Config;
 
 /// transformers builds `q_a_layernorm` and `kv_a_layernorm` as `GlmMoeDsaRMSNorm(n)` without
 /// passing `config.rms_norm_eps`, so they use the class default 1e-6 (the layer norms use
@@ -54,6 +57,38 @@ pub struct AttnOut {
 }
 
 impl Mla {
+    /// Layer `l`'s attention as one rank holds it: `num_attention_heads / tp` heads of `q_b_proj`,
+    /// `kv_b_proj` (column-parallel) and `o_proj` (row-parallel); the latent projections, their
+    /// norms and the indexer replicated.
+    pub(crate) fn new<S: WeightSource + ?Sized>(
+        c: &Config,
+        l: usize,
+        vb: &mut Params<S>,
+        paths: AttnPaths,
+    ) -> std::result::Result<Self, ModelError> {
+        let li = Some(l);
+        let tp = vb.shard().tp;
+        Ok(Mla {
+            q_a: vb.linear(Role::AttnQA, li)?,
+            q_a_norm: RmsNorm::new(vb.get(Role::QANorm, li)?, LATENT_NORM_EPS),
+            q_b: vb.linear(Role::AttnQB, li)?,
+            kv_a: vb.linear(Role::AttnKvA, li)?,
+            kv_a_norm: RmsNorm::new(vb.get(Role::KvANorm, li)?, LATENT_NORM_EPS),
+            kv_b: vb.linear(Role::AttnKvB, li)?,
+            o: vb.linear(Role::AttnOut, li)?,
+            indexer: Indexer::new(c, l, vb, paths.indexer.clone())?,
+            n_heads: c.num_attention_heads / tp,
+            nope: c.qk_nope_head_dim,
+            rope_dim: c.qk_rope_head_dim,
+            v_dim: c.v_head_dim,
+            kv_lora: c.kv_lora_rank,
+            // Default RoPE: no yarn mscale (transformers applies it only for rope_type != default
+            // with mscale_all_dim; the GGUF config carries no rope scaling).
+            scale: (c.qk_head_dim() as f64).powf(-0.5),
+            paths,
+        })
+    }
+
     /// `x` `[T, hidden]` (already input_layernorm'ed) → `[T, hidden]`.
     pub fn forward(
         &self,

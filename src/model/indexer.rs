@@ -6,6 +6,10 @@ use candle_core::{DType, Result, Tensor};
 use super::capture::{emit, emit_with, Capture};
 use super::names::{conv, sub, IndexerPaths};
 use super::ops::{topk_indices, CausalMask, LayerNorm, Linear, Rope, RopeTables};
+use super::source::{Params, WeightSource};
+use super::ModelError;
+use crate::arch::glm_dsa::Role;
+use crate::arch::Config;
 
 /// transformers builds `k_norm` as `nn.LayerNorm(head_dim, eps=1e-6)` (vLLM's `Indexer` too); the
 /// GGUF carries no eps for it. llama.cpp's glm-dsa graph normalises with `LLM_NORM`, i.e.
@@ -31,6 +35,31 @@ pub struct Indexer {
 }
 
 impl Indexer {
+    /// Layer `l`'s indexer. Replicated: every rank holds all of it.
+    pub(crate) fn new<S: WeightSource + ?Sized>(
+        c: &Config,
+        l: usize,
+        vb: &mut Params<S>,
+        paths: IndexerPaths,
+    ) -> std::result::Result<Self, ModelError> {
+        let li = Some(l);
+        Ok(Indexer {
+            wq_b: vb.linear(Role::IndexerQB, li)?,
+            wk: vb.linear(Role::IndexerK, li)?,
+            k_norm: LayerNorm::new(
+                vb.get(Role::IndexerKNorm, li)?,
+                vb.get(Role::IndexerKNormBias, li)?,
+                K_NORM_EPS,
+            ),
+            weights_proj: Linear::new(vb.f32(Role::IndexerWeights, li)?),
+            n_heads: c.index_n_heads,
+            head_dim: c.index_head_dim,
+            rope_dim: c.qk_rope_head_dim,
+            topk: c.index_topk,
+            paths,
+        })
+    }
+
     /// `x` `[T, hidden]`, `q_resid` `[T, q_lora]` (= q_a_layernorm(q_a_proj(x))) → top-k key ids
     /// `[T, min(index_topk, T)]` U32, best first.
     ///

@@ -6,6 +6,9 @@ use candle_core::{Result, Tensor};
 use super::capture::{emit, Capture};
 use super::names::SwiGluPaths;
 use super::ops::Linear;
+use super::source::{Params, WeightSource};
+use super::ModelError;
+use crate::arch::glm_dsa::Role;
 
 #[derive(Debug, Clone)]
 pub struct Mlp {
@@ -19,6 +22,23 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    /// A SwiGLU MLP of layer `l` from its three parameters' roles; per rank, gate and up are
+    /// column-parallel and down row-parallel (`inter / tp`).
+    pub(crate) fn new<S: WeightSource + ?Sized>(
+        [gate, up, down]: [Role; 3],
+        l: usize,
+        vb: &mut Params<S>,
+        paths: SwiGluPaths,
+    ) -> std::result::Result<Self, ModelError> {
+        let li = Some(l);
+        Ok(Mlp {
+            gate: vb.linear(gate, li)?,
+            up: vb.linear(up, li)?,
+            down: vb.linear(down, li)?,
+            paths,
+        })
+    }
+
     /// `[T, hidden]` → `[T, hidden]`. Captures in transformers' hook order: gate_proj, act_fn,
     /// up_proj, down_proj, then the module.
     pub fn forward(&self, x: &Tensor, capture: &mut dyn Capture) -> Result<Tensor> {

@@ -19,6 +19,8 @@ pub mod mlp;
 pub mod moe;
 pub(crate) mod names;
 pub mod ops;
+pub mod parallel;
+pub mod source;
 
 use candle_core::{DType, Device, Tensor};
 
@@ -34,7 +36,10 @@ pub use moe::{Experts, Moe, Router, Routing};
 pub use ops::{LayerNorm, Linear, RmsNorm, Rope, RopeLayout};
 
 use crate::arch::glm_dsa::Role;
-use names::{conv, sub, LayerPaths, MlpKind, ModelPaths};
+use crate::dump::RankDump;
+use crate::plan::ShardPlan;
+use names::{conv, sub, ModelPaths};
+pub use source::{FullSource, Params, Shard, ShardSource, WeightSource};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -48,6 +53,20 @@ pub enum ModelError {
     EmptyPrompt,
     #[error("token {id} at position {pos} is outside the vocabulary of {vocab}")]
     Token { id: u32, pos: usize, vocab: usize },
+    /// The shard plan cannot serve this model (tp does not divide a dimension, a parameter no
+    /// vLLM parameter holds).
+    #[error("{0}")]
+    Plan(String),
+    #[error(transparent)]
+    Dump(#[from] crate::dump::DumpError),
+    #[error("{param} (rank {rank}): the dump holds shape {got:?}, rank {rank} of tp={tp} needs {want:?}")]
+    Shape {
+        param: String,
+        rank: usize,
+        tp: usize,
+        got: Vec<usize>,
+        want: Vec<usize>,
+    },
     #[error("{module}: {source}")]
     Candle {
         module: String,
@@ -91,84 +110,36 @@ impl Default for ModelOptions {
     }
 }
 
-/// `GlmMoeDsaForCausalLM`.
+/// One rank's modules; the whole model when there is one rank.
 #[derive(Debug, Clone)]
-pub struct Glm5 {
-    /// `[V, hidden]`
+pub struct RankModel {
+    /// `[V, hidden]`, or under tensor parallel this rank's rows of the padded table
+    /// `[V_pad / tp, hidden]`
     pub embed: Tensor,
     pub layers: Vec<DecoderLayer>,
-    /// RMSNorm `[hidden]`, rms_norm_eps
+    /// RMSNorm `[hidden]`, rms_norm_eps (replicated)
     pub norm: RmsNorm,
-    /// `[V, hidden]`
+    /// `[V, hidden]`, or this rank's `[V_pad / tp, hidden]`
     pub lm_head: Linear,
+}
+
+/// `GlmMoeDsaForCausalLM`, as `tp` ranks run it: one rank is the plain model; several are vLLM's
+/// tensor-parallel ranks simulated in one process ([`parallel`]). Every rank is built from a
+/// [`WeightSource`] by the same module constructors.
+#[derive(Debug, Clone)]
+pub struct Glm5 {
+    pub ranks: Vec<RankModel>,
     pub rope: Rope,
     config: Config,
     options: ModelOptions,
     paths: ModelPaths,
     device: Device,
-}
-
-/// Loads parameters in the compute dtype.
-struct Loader<'w, 'a> {
-    w: &'w Weights<'a>,
-    dtype: DType,
-}
-
-impl Loader<'_, '_> {
-    fn get(&self, p: Role, layer: Option<usize>) -> Result<Tensor, ModelError> {
-        let name = p.name(layer)?;
-        let t = self.w.hf(&name)?;
-        t.to_dtype(self.dtype).map_err(|e| ModelError::Candle {
-            module: name,
-            source: e,
-        })
-    }
-
-    /// Kept in f32 whatever the compute dtype.
-    fn f32(&self, p: Role, layer: Option<usize>) -> Result<Tensor, ModelError> {
-        Ok(self.w.hf(&p.name(layer)?)?)
-    }
-
-    /// Stored in the compute dtype but computed in f32 (transformers loads the router weight in
-    /// the model dtype and upcasts it in forward).
-    fn rounded_f32(&self, p: Role, layer: Option<usize>) -> Result<Tensor, ModelError> {
-        let name = p.name(layer)?;
-        let t = self.w.hf(&name)?;
-        t.to_dtype(self.dtype)
-            .and_then(|t| t.to_dtype(DType::F32))
-            .map_err(|e| ModelError::Candle {
-                module: name,
-                source: e,
-            })
-    }
-
-    fn stacked(&self, p: Role, layer: usize) -> Result<Tensor, ModelError> {
-        let t = self.w.hf_stacked(p.template()?, layer)?;
-        t.to_dtype(self.dtype).map_err(|e| ModelError::Candle {
-            module: p.module(Some(layer)).unwrap_or_default(),
-            source: e,
-        })
-    }
-
-    fn linear(&self, p: Role, layer: Option<usize>) -> Result<Linear, ModelError> {
-        Ok(Linear::new(self.get(p, layer)?))
-    }
-
-    fn swiglu(
-        &self,
-        gate: Role,
-        up: Role,
-        down: Role,
-        l: usize,
-        paths: names::SwiGluPaths,
-    ) -> Result<Mlp, ModelError> {
-        Ok(Mlp {
-            gate: self.linear(gate, Some(l))?,
-            up: self.linear(up, Some(l))?,
-            down: self.linear(down, Some(l))?,
-            paths,
-        })
-    }
+    /// Embedding / lm_head rows per rank (the padded vocab / tp; the vocab itself for one rank).
+    per_rank_vocab: usize,
+    /// Parameters a rank dump lacked, taken from the plan's cut of the GGUF instead.
+    fallbacks: Vec<String>,
+    /// Built by [`Glm5::sharded`]: simulated tensor parallel of this degree (1 included).
+    simulated_tp: Option<usize>,
 }
 
 /// Checks the config describes a model this forward implements exactly.
@@ -232,133 +203,135 @@ impl Glm5 {
         Self::load_with(w, ModelOptions::default())
     }
 
+    /// The unsharded model from the GGUF.
     pub fn load_with(w: &Weights, options: ModelOptions) -> Result<Self, ModelError> {
-        let c = w.config;
-        validate(c)?;
+        Self::from_sources(vec![FullSource { w }], options)
+    }
+
+    /// vLLM's `plan.tp` ranks: each rank's shards cut from the GGUF by `plan`, or read from a
+    /// per-rank dump (its gaps filled from the plan's cut, listed by [`Glm5::fallbacks`]).
+    pub fn sharded(
+        w: &Weights,
+        plan: &ShardPlan,
+        dump: Option<&RankDump>,
+        options: ModelOptions,
+    ) -> Result<Self, ModelError> {
+        let mut m = Self::from_sources(ShardSource::ranks(w, plan, dump)?, options)?;
+        m.simulated_tp = Some(plan.tp);
+        // In the plan's (forward) order, whatever order the modules asked for them.
+        m.fallbacks
+            .sort_by_key(|f| plan.params.iter().position(|p| p.param == *f));
+        Ok(m)
+    }
+
+    /// The model built from one source per rank (ranks `0..n` of `tp = n`), layer by layer.
+    pub fn from_sources<S: WeightSource>(
+        mut sources: Vec<S>,
+        options: ModelOptions,
+    ) -> Result<Self, ModelError> {
+        let first = sources
+            .first()
+            .ok_or_else(|| ModelError::Plan("no weight source".into()))?;
+        let c = first.config().clone();
+        let device = first.device().clone();
+        let tp = sources.len();
+        for (r, s) in sources.iter().enumerate() {
+            if s.shard() != (Shard { rank: r, tp }) {
+                return Err(ModelError::Plan(format!(
+                    "weight source {r} of {tp} serves rank {:?}",
+                    s.shard()
+                )));
+            }
+        }
+        validate(&c)?;
+        if !c.num_attention_heads.is_multiple_of(tp) {
+            return Err(ModelError::Plan(format!(
+                "{} attention heads do not split over tp={tp}",
+                c.num_attention_heads
+            )));
+        }
         if !matches!(options.dtype, DType::F32 | DType::BF16 | DType::F16) {
             return Err(ModelError::Unsupported(format!(
                 "compute dtype {:?} (F32, BF16 or F16)",
                 options.dtype
             )));
         }
-        let ld = Loader {
-            w,
-            dtype: options.dtype,
-        };
-        let eps = c.rms_norm_eps;
-        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        let dtype = options.dtype;
+        let mut layers: Vec<Vec<DecoderLayer>> = (0..tp).map(|_| Vec::new()).collect();
         for l in 0..c.num_hidden_layers {
-            let moe = c.is_moe_layer(l);
-            let paths = LayerPaths::new(l, moe)?;
-            let li = Some(l);
-            let indexer = Indexer {
-                wq_b: ld.linear(Role::IndexerQB, li)?,
-                wk: ld.linear(Role::IndexerK, li)?,
-                k_norm: LayerNorm::new(
-                    ld.get(Role::IndexerKNorm, li)?,
-                    ld.get(Role::IndexerKNormBias, li)?,
-                    indexer::K_NORM_EPS,
-                ),
-                weights_proj: Linear::new(ld.f32(Role::IndexerWeights, li)?),
-                n_heads: c.index_n_heads,
-                head_dim: c.index_head_dim,
-                rope_dim: c.qk_rope_head_dim,
-                topk: c.index_topk,
-                paths: paths.attn.indexer.clone(),
+            for (src, ls) in sources.iter_mut().zip(layers.iter_mut()) {
+                ls.push(DecoderLayer::new(&c, l, &mut Params { src, dtype })?);
+            }
+        }
+        let mut ranks = Vec::with_capacity(tp);
+        for (src, layers) in sources.iter_mut().zip(layers) {
+            let mut vb = Params { src, dtype };
+            let embed = vb.get(Role::Embedding, None)?;
+            let lm_head = if c.tie_word_embeddings {
+                Linear::new(embed.clone())
+            } else {
+                vb.linear(Role::LmHead, None)?
             };
-            let attn = Mla {
-                q_a: ld.linear(Role::AttnQA, li)?,
-                q_a_norm: RmsNorm::new(ld.get(Role::QANorm, li)?, attention::LATENT_NORM_EPS),
-                q_b: ld.linear(Role::AttnQB, li)?,
-                kv_a: ld.linear(Role::AttnKvA, li)?,
-                kv_a_norm: RmsNorm::new(ld.get(Role::KvANorm, li)?, attention::LATENT_NORM_EPS),
-                kv_b: ld.linear(Role::AttnKvB, li)?,
-                o: ld.linear(Role::AttnOut, li)?,
-                indexer,
-                n_heads: c.num_attention_heads,
-                nope: c.qk_nope_head_dim,
-                rope_dim: c.qk_rope_head_dim,
-                v_dim: c.v_head_dim,
-                kv_lora: c.kv_lora_rank,
-                // Default RoPE: no yarn mscale (transformers applies it only for rope_type != default
-                // with mscale_all_dim; the GGUF config carries no rope scaling).
-                scale: (c.qk_head_dim() as f64).powf(-0.5),
-                paths: paths.attn.clone(),
-            };
-            let ffn = match paths.mlp.kind.clone() {
-                MlpKind::Dense(p) => FeedForward::Dense(ld.swiglu(
-                    Role::FfnGate,
-                    Role::FfnUp,
-                    Role::FfnDown,
-                    l,
-                    p,
-                )?),
-                MlpKind::Moe {
-                    gate,
-                    experts,
-                    shared,
-                } => FeedForward::Moe(Moe {
-                    router: Router {
-                        weight: Linear::new(ld.rounded_f32(Role::Router, li)?),
-                        bias: ld.f32(Role::RouterBias, li)?,
-                        top_k: c.num_experts_per_tok,
-                        n_group: c.n_group,
-                        topk_group: c.topk_group,
-                        norm_topk_prob: c.norm_topk_prob,
-                        routed_scaling_factor: c.routed_scaling_factor,
-                        path: gate,
-                    },
-                    experts: Experts {
-                        gate: ld.stacked(Role::ExpertGate, l)?,
-                        up: ld.stacked(Role::ExpertUp, l)?,
-                        down: ld.stacked(Role::ExpertDown, l)?,
-                        path: experts,
-                    },
-                    shared: ld.swiglu(
-                        Role::SharedGate,
-                        Role::SharedUp,
-                        Role::SharedDown,
-                        l,
-                        shared,
-                    )?,
-                    path: paths.mlp.module.clone(),
-                }),
-            };
-            layers.push(DecoderLayer {
-                input_norm: RmsNorm::new(ld.get(Role::InputNorm, li)?, eps),
-                attn,
-                post_norm: RmsNorm::new(ld.get(Role::PostAttnNorm, li)?, eps),
-                ffn,
-                path: paths.layer,
-                input_norm_path: paths.input_norm,
-                post_norm_path: paths.post_norm,
+            ranks.push(RankModel {
+                embed,
+                layers,
+                norm: RmsNorm::new(vb.get(Role::FinalNorm, None)?, c.rms_norm_eps),
+                lm_head,
             });
         }
-        let embed = ld.get(Role::Embedding, None)?;
-        let lm_head = if c.tie_word_embeddings {
-            Linear::new(embed.clone())
-        } else {
-            ld.linear(Role::LmHead, None)?
-        };
         let paths = ModelPaths::new()?;
+        let per_rank_vocab = ranks[0].embed.dim(0).map_err(at(&paths.embed))?;
         let rope = Rope::new(
             c.qk_rope_head_dim,
             c.rope_theta,
             RopeLayout::Interleaved,
-            &w.device,
+            &device,
         )
         .map_err(at(&paths.rotary))?;
+        let mut fallbacks: Vec<String> = Vec::new();
+        for s in &sources {
+            for f in s.fallbacks() {
+                if !fallbacks.contains(f) {
+                    fallbacks.push(f.clone());
+                }
+            }
+        }
         Ok(Glm5 {
-            embed,
-            layers,
-            norm: RmsNorm::new(ld.get(Role::FinalNorm, None)?, eps),
-            lm_head,
+            ranks,
             rope,
-            config: c.clone(),
+            per_rank_vocab,
+            config: c,
             options,
             paths,
-            device: w.device.clone(),
+            device,
+            fallbacks,
+            simulated_tp: None,
         })
+    }
+
+    /// The number of ranks (1: the unsharded model).
+    pub fn tp(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// `Some(tp)` when built as simulated tensor parallel ([`Glm5::sharded`], tp = 1 included).
+    pub fn simulated_tp(&self) -> Option<usize> {
+        self.simulated_tp
+    }
+
+    /// Rank 0's layers (all of each layer when tp = 1).
+    pub fn layers(&self) -> &[DecoderLayer] {
+        self.ranks.first().map_or(&[], |r| r.layers.as_slice())
+    }
+
+    /// The final norm (replicated).
+    pub fn norm(&self) -> Option<&RmsNorm> {
+        self.ranks.first().map(|r| &r.norm)
+    }
+
+    /// vLLM parameters a rank dump lacked (taken from the GGUF's cut instead).
+    pub fn fallbacks(&self) -> &[String] {
+        &self.fallbacks
     }
 
     pub fn config(&self) -> &Config {
@@ -396,7 +369,9 @@ impl Glm5 {
         })
         .map_err(at(conv::POSITION_IDS))?;
 
-        let mut x = self.embed.index_select(&ids, 0).map_err(at(&p.embed))?; // [T, hidden]
+        let embeds: Vec<&Tensor> = self.ranks.iter().map(|r| &r.embed).collect();
+        let mut x =
+            parallel::embed(&embeds, self.per_rank_vocab, tokens, &ids).map_err(at(&p.embed))?; // [T, hidden]
         capture::emit(capture, &p.embed, &x).map_err(at(&p.embed))?;
 
         let tables = self.rope.tables(t).map_err(at(&p.rotary))?;
@@ -411,16 +386,28 @@ impl Glm5 {
         .map_err(at(&p.rotary))?;
 
         let causal = ops::CausalMask::new(t, dtype, &self.device).map_err(at(&p.model))?;
-        for layer in &self.layers {
-            x = layer
-                .forward(&x, &self.rope, &tables, &causal, self.options.dsa, capture)
-                .map_err(at(&layer.path))?;
+        for l in 0..self.config.num_hidden_layers {
+            let layer: Vec<&DecoderLayer> = self.ranks.iter().map(|r| &r.layers[l]).collect();
+            let path = layer[0].path();
+            x = layer::forward_ranks(
+                &layer,
+                &x,
+                &self.rope,
+                &tables,
+                &causal,
+                self.options.dsa,
+                capture,
+            )
+            .map_err(at(path))?;
         }
 
-        let h = self.norm.forward(&x).map_err(at(&p.norm))?;
+        let norm = self.norm().ok_or(ModelError::EmptyPrompt)?;
+        let h = norm.forward(&x).map_err(at(&p.norm))?;
         capture::emit(capture, &p.norm, &h).map_err(at(&p.norm))?;
         capture::emit(capture, &p.model, &h).map_err(at(&p.model))?;
-        let logits = self.lm_head.forward(&h).map_err(at(&p.lm_head))?; // [T, V]
+        let heads: Vec<&Linear> = self.ranks.iter().map(|r| &r.lm_head).collect();
+        let logits =
+            parallel::lm_head(&heads, &h, self.config.vocab_size).map_err(at(&p.lm_head))?; // [T, V]
         capture::emit(capture, &p.lm_head, &logits).map_err(at(&p.lm_head))?;
         capture::emit(capture, conv::LOGITS, &logits).map_err(at(conv::LOGITS))?;
         Ok(logits)

@@ -6,8 +6,13 @@ use candle_core::{DType, Result, Tensor, D};
 
 use super::capture::{emit, emit_with, Capture};
 use super::mlp::Mlp;
+use super::names::SwiGluPaths;
 use super::names::{conv, nth_call, sub};
 use super::ops::{one_hot_rows, topk_indices, Linear};
+use super::source::{Params, WeightSource};
+use super::ModelError;
+use crate::arch::glm_dsa::Role;
+use crate::arch::Config;
 
 #[derive(Debug, Clone)]
 pub struct Router {
@@ -35,6 +40,26 @@ pub struct Routing {
 }
 
 impl Router {
+    /// Layer `l`'s router (replicated): the weight rounded to the compute dtype and run in f32, the
+    /// correction bias in f32.
+    pub(crate) fn new<S: WeightSource + ?Sized>(
+        c: &Config,
+        l: usize,
+        vb: &mut Params<S>,
+        path: String,
+    ) -> std::result::Result<Self, ModelError> {
+        Ok(Router {
+            weight: Linear::new(vb.rounded_f32(Role::Router, Some(l))?),
+            bias: vb.f32(Role::RouterBias, Some(l))?,
+            top_k: c.num_experts_per_tok,
+            n_group: c.n_group,
+            topk_group: c.topk_group,
+            norm_topk_prob: c.norm_topk_prob,
+            routed_scaling_factor: c.routed_scaling_factor,
+            path,
+        })
+    }
+
     /// `[T, hidden]` → routing.
     ///
     /// scores = sigmoid(x·Wᵀ) (f32); choice = scores + e_score_correction_bias (for the choice
@@ -91,6 +116,21 @@ pub struct Experts {
 }
 
 impl Experts {
+    /// Layer `l`'s routed experts, stacked; per rank `moe_inter / tp` of every expert (vLLM's
+    /// FusedMoE `w13` rows and `w2` columns).
+    pub(crate) fn new<S: WeightSource + ?Sized>(
+        l: usize,
+        vb: &mut Params<S>,
+        path: String,
+    ) -> std::result::Result<Self, ModelError> {
+        Ok(Experts {
+            gate: vb.get(Role::ExpertGate, Some(l))?,
+            up: vb.get(Role::ExpertUp, Some(l))?,
+            down: vb.get(Role::ExpertDown, Some(l))?,
+            path,
+        })
+    }
+
     /// `x` `[T, hidden]` → `Σ_k w_k · expert_{id_k}(x)` `[T, hidden]`.
     ///
     /// Like transformers' eager loop: experts in ascending id order, each on the tokens that chose
@@ -164,6 +204,26 @@ pub struct Moe {
 }
 
 impl Moe {
+    pub(crate) fn new<S: WeightSource + ?Sized>(
+        c: &Config,
+        l: usize,
+        vb: &mut Params<S>,
+        [gate, experts, module]: [String; 3],
+        shared_paths: SwiGluPaths,
+    ) -> std::result::Result<Self, ModelError> {
+        Ok(Moe {
+            router: Router::new(c, l, vb, gate)?,
+            experts: Experts::new(l, vb, experts)?,
+            shared: Mlp::new(
+                [Role::SharedGate, Role::SharedUp, Role::SharedDown],
+                l,
+                vb,
+                shared_paths,
+            )?,
+            path: module,
+        })
+    }
+
     /// `[T, hidden]` → routed experts + shared experts `[T, hidden]`.
     pub fn forward(&self, x: &Tensor, capture: &mut dyn Capture) -> Result<Tensor> {
         let r = self.router.forward(x)?;

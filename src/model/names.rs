@@ -31,11 +31,6 @@ impl Role {
         Ok(glm_dsa::name(def.hf, idx))
     }
 
-    /// The template (`{L}`, `{E}` unfilled), for [`crate::weights::Weights::hf_stacked`].
-    pub(crate) fn template(self) -> Result<&'static str, ModelError> {
-        Ok(self.def()?.hf)
-    }
-
     /// The HF module path owning this parameter (`model.layers.3.self_attn.q_a_proj`).
     pub(crate) fn module(self, layer: Option<usize>) -> Result<String, ModelError> {
         let def = self.def()?;

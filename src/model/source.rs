@@ -1,0 +1,365 @@
+//! Where a module's weights come from. Every module is built by `Module::new(cfg, …, params)` from a
+//! [`WeightSource`] (candle-transformers' `VarBuilder` pattern; candle-nn's sharded var-builder is the
+//! model for tensor parallel): the unsharded model is one [`FullSource`], simulated tensor parallel
+//! is `tp` [`ShardSource`]s — rank r's cut of the GGUF by the shard plan, or rank r of a per-rank
+//! dump — and both build the very same module structs.
+//!
+//! A source hands out one HF parameter (for the routed experts: the stack `[E, …]`) in f32, as this
+//! source's rank holds it; [`Params`] converts to the compute dtype.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::arch::glm_dsa::{self, Idx, Rebuild, Role};
+use crate::arch::Config;
+use crate::dump::{DumpTensor, RankDump};
+use crate::plan::ShardPlan;
+use crate::weights::Weights;
+
+use super::ModelError;
+
+/// Which rank of how many a source serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    pub rank: usize,
+    pub tp: usize,
+}
+
+impl Shard {
+    pub const WHOLE: Shard = Shard { rank: 0, tp: 1 };
+}
+
+/// Hands out parameters for the modules of one rank.
+pub trait WeightSource {
+    fn config(&self) -> &Config;
+    fn device(&self) -> &Device;
+    fn shard(&self) -> Shard;
+    /// This rank's piece of HF parameter `p` of `layer` in f32 (routed experts: all experts
+    /// stacked, `[E, …]`).
+    fn param(&mut self, p: Role, layer: Option<usize>) -> Result<Tensor, ModelError>;
+    /// Parameters this source lacked and took from elsewhere (a rank dump's gaps).
+    fn fallbacks(&self) -> &[String] {
+        &[]
+    }
+}
+
+fn candle(name: String) -> impl FnOnce(candle_core::Error) -> ModelError {
+    move |source| ModelError::Candle {
+        module: name,
+        source,
+    }
+}
+
+/// The whole model from the GGUF (dequantized, rebuilt under HF names).
+pub struct FullSource<'w, 'a> {
+    pub w: &'w Weights<'a>,
+}
+
+impl WeightSource for FullSource<'_, '_> {
+    fn config(&self) -> &Config {
+        self.w.config
+    }
+
+    fn device(&self) -> &Device {
+        &self.w.device
+    }
+
+    fn shard(&self) -> Shard {
+        Shard::WHOLE
+    }
+
+    fn param(&mut self, p: Role, layer: Option<usize>) -> Result<Tensor, ModelError> {
+        let def = p.def()?;
+        match (def.rebuild, layer) {
+            (Rebuild::ExpertSlice, Some(l)) => Ok(self.w.hf_stacked(def.hf, l)?),
+            _ => Ok(self.w.hf(&p.name(layer)?)?),
+        }
+    }
+}
+
+/// Rank `rank` of simulated tensor parallel: every parameter as vLLM's rank holds it — cut from the
+/// GGUF by the shard plan, or read from a per-rank dump (`rank<r>.safetensors`, vLLM names) — and
+/// each HF parameter split back out of its fused vLLM parameter where the plan says it lies.
+pub struct ShardSource<'w, 'a> {
+    w: &'w Weights<'a>,
+    plan: &'w ShardPlan,
+    rank: usize,
+    dump: Option<BTreeMap<String, DumpTensor>>,
+    missing: Vec<String>,
+    cache: Rc<RefCell<UnshardedCache>>,
+}
+
+/// The unsharded vLLM tensors of one layer, shared by the ranks' sources: the model is built layer
+/// by layer, every rank in turn, so each tensor is dequantized once and memory stays bounded by a
+/// layer.
+#[derive(Default)]
+struct UnshardedCache {
+    layer: Option<Option<usize>>,
+    tensors: HashMap<String, Tensor>,
+}
+
+impl<'w, 'a> ShardSource<'w, 'a> {
+    /// Every rank's source: the plan's cut of `w`, or (with `dump`) the dump's rank files with the
+    /// plan's cut filling their gaps.
+    pub fn ranks(
+        w: &'w Weights<'a>,
+        plan: &'w ShardPlan,
+        dump: Option<&RankDump>,
+    ) -> Result<Vec<Self>, ModelError> {
+        if let Some(p) = plan.params.iter().find(|p| !p.problems.is_empty()) {
+            return Err(ModelError::Plan(format!(
+                "{} cannot be sharded at tp={}: {}",
+                p.param,
+                plan.tp,
+                p.problems.join("; ")
+            )));
+        }
+        let cache = Rc::new(RefCell::new(UnshardedCache::default()));
+        (0..plan.tp)
+            .map(|rank| {
+                let dump = match dump {
+                    Some(d) => Some(d.load_rank(rank)?.unwrap_or_default()),
+                    None => None,
+                };
+                Ok(ShardSource {
+                    w,
+                    plan,
+                    rank,
+                    dump,
+                    missing: Vec::new(),
+                    cache: Rc::clone(&cache),
+                })
+            })
+            .collect()
+    }
+
+    /// This rank's tensor of a vLLM parameter.
+    fn vllm_rank(&mut self, plan_index: usize) -> Result<Tensor, ModelError> {
+        let (r, tp) = (self.rank, self.plan.tp);
+        let plan = &self.plan.params[plan_index];
+        let vname = plan.param.clone();
+        let want = match plan.cuts.get(r) {
+            Some(c) => {
+                let mut s = plan.full_shape.clone();
+                if let Some(d) = s.get_mut(c.dim) {
+                    *d = c.len();
+                }
+                s
+            }
+            None => plan.full_shape.clone(),
+        };
+        if let Some(dump) = &self.dump {
+            if let Some(t) = dump.get(&vname) {
+                if t.shape != want {
+                    return Err(ModelError::Shape {
+                        param: vname,
+                        rank: r,
+                        tp,
+                        got: t.shape.clone(),
+                        want,
+                    });
+                }
+                return Tensor::from_vec(t.to_f32(), t.shape.as_slice(), &self.w.device)
+                    .map_err(candle(format!("{vname} (rank {r})")));
+            }
+            if !self.missing.contains(&vname) {
+                self.missing.push(vname.clone());
+            }
+        }
+        let mut cache = self.cache.borrow_mut();
+        if cache.layer != Some(plan.layer) {
+            cache.layer = Some(plan.layer);
+            cache.tensors.clear();
+        }
+        if !cache.tensors.contains_key(&vname) {
+            let full = self.w.vllm(&vname)?;
+            cache.tensors.insert(vname.clone(), full);
+        }
+        plan.shard(&cache.tensors[&vname], r)
+            .map_err(candle(format!("{vname} (rank {r})")))
+    }
+}
+
+impl WeightSource for ShardSource<'_, '_> {
+    fn config(&self) -> &Config {
+        self.w.config
+    }
+
+    fn device(&self) -> &Device {
+        &self.w.device
+    }
+
+    fn shard(&self) -> Shard {
+        Shard {
+            rank: self.rank,
+            tp: self.plan.tp,
+        }
+    }
+
+    fn param(&mut self, p: Role, layer: Option<usize>) -> Result<Tensor, ModelError> {
+        let hf = p.def()?.hf;
+        let (index, part) = self
+            .plan
+            .holder(hf, layer)
+            .map(|(pp, part)| {
+                let i = self
+                    .plan
+                    .params
+                    .iter()
+                    .position(|q| std::ptr::eq(q, pp))
+                    .unwrap_or(0);
+                (i, part)
+            })
+            .ok_or_else(|| {
+                let name = glm_dsa::name(
+                    hf,
+                    Idx {
+                        layer,
+                        expert: None,
+                    },
+                );
+                ModelError::Plan(format!("{name}: no vLLM parameter of the plan holds it"))
+            })?;
+        let t = self.vllm_rank(index)?;
+        let plan = &self.plan.params[index];
+        match plan.part_slice(part, self.plan.tp) {
+            Some(s) => t
+                .narrow(s.dim, s.start, s.len)
+                .map_err(candle(format!("{} (rank {})", plan.param, self.rank))),
+            None => Ok(t),
+        }
+    }
+
+    fn fallbacks(&self) -> &[String] {
+        &self.missing
+    }
+}
+
+/// A source's parameters in the model's compute dtype (candle-transformers' `VarBuilder` role).
+pub struct Params<'s, S: WeightSource + ?Sized> {
+    pub src: &'s mut S,
+    pub dtype: DType,
+}
+
+impl<S: WeightSource + ?Sized> Params<'_, S> {
+    pub fn config(&self) -> &Config {
+        self.src.config()
+    }
+
+    pub fn shard(&self) -> Shard {
+        self.src.shard()
+    }
+
+    /// In the compute dtype.
+    pub fn get(&mut self, p: Role, layer: Option<usize>) -> Result<Tensor, ModelError> {
+        let t = self.src.param(p, layer)?;
+        t.to_dtype(self.dtype).map_err(candle(module_of(p, layer)))
+    }
+
+    /// Kept in f32 whatever the compute dtype.
+    pub fn f32(&mut self, p: Role, layer: Option<usize>) -> Result<Tensor, ModelError> {
+        self.src.param(p, layer)
+    }
+
+    /// Stored in the compute dtype but computed in f32 (transformers loads the router weight in the
+    /// model dtype and upcasts it in forward).
+    pub fn rounded_f32(&mut self, p: Role, layer: Option<usize>) -> Result<Tensor, ModelError> {
+        let t = self.src.param(p, layer)?;
+        t.to_dtype(self.dtype)
+            .and_then(|t| t.to_dtype(DType::F32))
+            .map_err(candle(module_of(p, layer)))
+    }
+
+    pub fn linear(&mut self, p: Role, layer: Option<usize>) -> Result<super::Linear, ModelError> {
+        Ok(super::Linear::new(self.get(p, layer)?))
+    }
+}
+
+fn module_of(p: Role, layer: Option<usize>) -> String {
+    p.module(layer).unwrap_or_else(|_| format!("{p:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::config::ConfigReader;
+    use crate::gguf::GgufModel;
+    use crate::model::{Glm5, Mla, ModelOptions, VecCapture};
+
+    /// One generic builder, instantiated for the whole-model source and for the rank sources.
+    fn build<S: WeightSource>(sources: Vec<S>) -> Glm5 {
+        Glm5::from_sources(sources, ModelOptions::default()).expect("build")
+    }
+
+    #[test]
+    fn plain_and_tensor_parallel_are_the_same_modules_from_two_sources() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny/tiny-F32.gguf");
+        let m = GgufModel::open(&path).expect("fixture");
+        let c = ConfigReader::read(&m, "glm-dsa").expect("config").config;
+        let w = Weights::new(&m, &c, Device::Cpu);
+        let plain = build(vec![FullSource { w: &w }]);
+        let plan = ShardPlan::new(&m, &c, 2);
+        let tp = build(ShardSource::ranks(&w, &plan, None).expect("sources"));
+        assert_eq!((plain.tp(), tp.tp()), (1, 2));
+
+        // The same struct, holding half the heads on each rank: rank 1's q_b_proj is the second
+        // half of the unsharded rows, its o_proj the second half of the input columns.
+        let whole: &Mla = &plain.layers()[1].attn;
+        let half: &Mla = &tp.ranks[1].layers[1].attn;
+        assert_eq!(half.n_heads * 2, whole.n_heads);
+        let rows = whole.q_b.weight.dim(0).expect("dim");
+        let want = whole
+            .q_b
+            .weight
+            .narrow(0, rows / 2, rows / 2)
+            .expect("narrow");
+        let diff = (&half.q_b.weight - &want)
+            .and_then(|d| d.abs())
+            .and_then(|d| d.max_all())
+            .and_then(|d| d.to_scalar::<f32>())
+            .expect("diff");
+        assert_eq!(diff, 0.0);
+        let cols = whole.o.weight.dim(1).expect("dim");
+        assert_eq!(half.o.weight.dims(), &[c.hidden_size, cols / 2]);
+        // Replicated modules are whole on every rank.
+        assert_eq!(
+            tp.ranks[1].layers[1].attn.q_a.weight.dims(),
+            whole.q_a.weight.dims()
+        );
+
+        // And both run the one forward to the same logits.
+        let ids = [3u32, 17, 5, 9];
+        let a = plain.forward(&ids, &mut VecCapture::new()).expect("plain");
+        let b = tp.forward(&ids, &mut VecCapture::new()).expect("tp");
+        let rel = (&a - &b)
+            .and_then(|d| d.sqr())
+            .and_then(|d| d.sum_all())
+            .and_then(|d| d.to_scalar::<f32>())
+            .expect("diff")
+            .sqrt()
+            / a.sqr()
+                .and_then(|d| d.sum_all())
+                .and_then(|d| d.to_scalar::<f32>())
+                .expect("norm")
+                .sqrt();
+        assert!(rel < 1e-5, "rel-L2 {rel}");
+    }
+
+    #[test]
+    fn a_source_for_the_wrong_rank_is_refused() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny/tiny-F32.gguf");
+        let m = GgufModel::open(&path).expect("fixture");
+        let c = ConfigReader::read(&m, "glm-dsa").expect("config").config;
+        let w = Weights::new(&m, &c, Device::Cpu);
+        let plan = ShardPlan::new(&m, &c, 2);
+        let mut sources = ShardSource::ranks(&w, &plan, None).expect("sources");
+        sources.swap(0, 1);
+        let err = Glm5::from_sources(sources, ModelOptions::default()).expect_err("refused");
+        assert!(matches!(err, ModelError::Plan(_)), "{err}");
+    }
+}
