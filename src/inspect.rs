@@ -101,43 +101,8 @@ pub struct InspectReport {
 
 impl InspectReport {
     pub fn build(model: &GgufModel) -> Result<Self, GgufError> {
-        let arch = match model.value("general.architecture") {
-            Some(Value::String(s)) => s.clone(),
-            Some(v) => {
-                let e = model.get_meta("general.architecture");
-                return Err(GgufError::invalid(
-                    model.path(),
-                    "metadata `general.architecture`",
-                    e.map_or(0, |e| e.offset),
-                    format!("must be a string, found {}", v.type_name()),
-                ));
-            }
-            None => String::new(),
-        };
-        let mut problems = Vec::new();
+        let (arch, mut problems) = architecture(model)?;
         let foreign = !arch.is_empty() && arch != ARCH;
-        if foreign {
-            problems.push(Problem {
-                kind: ProblemKind::Arch,
-                tensor: None,
-                expected: None,
-                found: None,
-                message: format!(
-                    "architecture {arch}: glmcheck checks {ARCH} models; its tensors are \
-                     inventoried, no GLM-5 config is read or assumed"
-                ),
-            });
-        } else if arch.is_empty() {
-            problems.push(Problem {
-                kind: ProblemKind::Arch,
-                tensor: None,
-                expected: None,
-                found: None,
-                message: format!(
-                    "no general.architecture: read as {ARCH} (GLM-5) with `{ARCH}.*` keys"
-                ),
-            });
-        }
         let cr = if foreign {
             None
         } else {
@@ -157,130 +122,248 @@ impl InspectReport {
             .as_ref()
             .map(|c| c.sources.iter().cloned().collect())
             .unwrap_or_default();
-
-        let files = model
-            .parts
+        let (types, tensors, total_bytes) = inventory(model, foreign);
+        let notes = types
             .iter()
-            .map(|p| FileSummary {
-                path: p.path.display().to_string(),
-                bytes: p.file_size,
-                gguf_version: p.version,
-                tensors: p.tensors.len(),
-                alignment: p.alignment,
+            .filter(|t| !t.dequantizable)
+            .map(|ts| {
+                format!(
+                    "{} tensor(s) of type {} are inventoried but cannot be dequantized by glmcheck",
+                    ts.tensors, ts.dtype
+                )
             })
             .collect();
-
-        let mut by_type: BTreeMap<u32, TypeSummary> = BTreeMap::new();
-        let mut tensors = Vec::with_capacity(model.tensor_count());
-        let mut total_bytes = 0;
-        for t in model.tensors() {
-            let i = t.info;
-            let ts = by_type.entry(i.dtype.id).or_insert(TypeSummary {
-                dtype: i.dtype,
-                tensors: 0,
-                elements: 0,
-                bytes: 0,
-                dequantizable: i.dtype.dequantizable(),
-            });
-            ts.tensors += 1;
-            ts.elements += i.n_elements();
-            ts.bytes += i.n_bytes;
-            total_bytes += i.n_bytes;
-            let hf = if foreign {
-                None
-            } else {
-                glm_dsa::lookup_gguf(&i.name)
-                    .map(|(d, _, idx)| match d.rebuild {
-                        Rebuild::ExpertSlice => glm_dsa::name(d.hf, idx).replace("{E}", "*"),
-                        _ => glm_dsa::name(d.hf, idx),
-                    })
-                    .or_else(|| {
-                        glm_dsa::lookup_mtp(&i.name).map(|(d, idx)| glm_dsa::name(d.hf, idx))
-                    })
-            };
-            tensors.push(TensorRow {
-                name: i.name.clone(),
-                dtype: i.dtype,
-                shape: i.torch_shape(),
-                ne: i.ne.clone(),
-                bytes: i.n_bytes,
-                hf,
-            });
-        }
-        let mut notes = Vec::new();
-        for ts in by_type.values().filter(|t| !t.dequantizable) {
-            notes.push(format!(
-                "{} tensor(s) of type {} are inventoried but cannot be dequantized by glmcheck",
-                ts.tensors, ts.dtype
-            ));
-        }
         let mut report = InspectReport {
-            files,
+            files: file_summaries(model),
             arch,
             config: config.clone(),
             defaulted,
             config_sources,
             tensor_count: model.tensor_count(),
             total_bytes,
-            types: by_type.into_values().collect(),
+            types,
             tokenizer: tokenizer_summary(model),
             tensors,
-            problems,
+            problems: Vec::new(),
             notes,
         };
-        let Some((cr, config)) = cr.zip(config) else {
-            return Ok(report);
-        };
-        let InspectReport {
-            problems, notes, ..
-        } = &mut report;
-        if let Some(k) = cr.mtp.key_disagrees() {
-            let key = format!("{ARCH}.nextn_predict_layers");
-            problems.push(Problem {
-                kind: ProblemKind::Metadata,
-                tensor: None,
-                expected: None,
-                found: None,
-                message: format!(
-                    "`{key}` says {k} MTP layer(s), but {} trailing block(s) hold nextn.* tensors \
-                     ({}): the tensors decide, so the model has {} decoder layers",
-                    cr.mtp.blocks.len(),
-                    block_list(&cr.mtp.blocks),
-                    config.num_hidden_layers
-                ),
-            });
+        if let Some((cr, config)) = cr.zip(config) {
+            problems.extend(mtp_problems(&cr, &config));
+            let (shape_problems, shape_notes) = check_tensors(model, &config);
+            problems.extend(shape_problems);
+            report.notes.extend(shape_notes);
         }
-        if !cr.mtp.stray.is_empty() {
-            problems.push(Problem {
-                kind: ProblemKind::Unexpected,
-                tensor: None,
-                expected: None,
-                found: None,
-                message: format!(
-                    "nextn.* (MTP) tensors in block(s) {} that are not trailing MTP blocks \
-                     below block_count {}",
-                    block_list(&cr.mtp.stray),
-                    config.gguf_block_count()
-                ),
-            });
-        }
-        let (shape_problems, shape_notes) = check_tensors(model, &config);
-        problems.extend(shape_problems);
-        notes.extend(shape_notes);
+        report.problems = problems;
         Ok(report)
     }
 }
 
+/// `general.architecture` (empty when absent), with the problem it makes when it is not glm-dsa.
+fn architecture(model: &GgufModel) -> Result<(String, Vec<Problem>), GgufError> {
+    let arch = match model.value("general.architecture") {
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => {
+            let e = model.get_meta("general.architecture");
+            return Err(GgufError::invalid(
+                model.path(),
+                "metadata `general.architecture`",
+                e.map_or(0, |e| e.offset),
+                format!("must be a string, found {}", v.type_name()),
+            ));
+        }
+        None => String::new(),
+    };
+    let mut problems = Vec::new();
+    let foreign = !arch.is_empty() && arch != ARCH;
+    if foreign {
+        problems.push(Problem {
+            kind: ProblemKind::Arch,
+            tensor: None,
+            expected: None,
+            found: None,
+            message: format!(
+                "architecture {arch}: glmcheck checks {ARCH} models; its tensors are \
+                     inventoried, no GLM-5 config is read or assumed"
+            ),
+        });
+    } else if arch.is_empty() {
+        problems.push(Problem {
+            kind: ProblemKind::Arch,
+            tensor: None,
+            expected: None,
+            found: None,
+            message: format!(
+                "no general.architecture: read as {ARCH} (GLM-5) with `{ARCH}.*` keys"
+            ),
+        });
+    }
+    Ok((arch, problems))
+}
+
+fn file_summaries(model: &GgufModel) -> Vec<FileSummary> {
+    model
+        .parts
+        .iter()
+        .map(|p| FileSummary {
+            path: p.path.display().to_string(),
+            bytes: p.file_size,
+            gguf_version: p.version,
+            tensors: p.tensors.len(),
+            alignment: p.alignment,
+        })
+        .collect()
+}
+
+/// Per-type totals, one row per tensor (with its HF name for a glm-dsa file), and the bytes.
+fn inventory(model: &GgufModel, foreign: bool) -> (Vec<TypeSummary>, Vec<TensorRow>, u64) {
+    let mut by_type: BTreeMap<u32, TypeSummary> = BTreeMap::new();
+    let mut tensors = Vec::with_capacity(model.tensor_count());
+    let mut total_bytes = 0;
+    for t in model.tensors() {
+        let i = t.info;
+        let ts = by_type.entry(i.dtype.id).or_insert(TypeSummary {
+            dtype: i.dtype,
+            tensors: 0,
+            elements: 0,
+            bytes: 0,
+            dequantizable: i.dtype.dequantizable(),
+        });
+        ts.tensors += 1;
+        ts.elements += i.n_elements();
+        ts.bytes += i.n_bytes;
+        total_bytes += i.n_bytes;
+        let hf = if foreign {
+            None
+        } else {
+            glm_dsa::lookup_gguf(&i.name)
+                .map(|(d, _, idx)| match d.rebuild {
+                    Rebuild::ExpertSlice => glm_dsa::name(d.hf, idx).replace("{E}", "*"),
+                    _ => glm_dsa::name(d.hf, idx),
+                })
+                .or_else(|| glm_dsa::lookup_mtp(&i.name).map(|(d, idx)| glm_dsa::name(d.hf, idx)))
+        };
+        tensors.push(TensorRow {
+            name: i.name.clone(),
+            dtype: i.dtype,
+            shape: i.torch_shape(),
+            ne: i.ne.clone(),
+            bytes: i.n_bytes,
+            hf,
+        });
+    }
+    (by_type.into_values().collect(), tensors, total_bytes)
+}
+
+/// The MTP block count the metadata states against the one the tensors show, and stray nextn
+/// tensors.
+fn mtp_problems(cr: &crate::arch::config::ConfigReport, config: &Config) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    if let Some(k) = cr.mtp.key_disagrees() {
+        let key = format!("{ARCH}.nextn_predict_layers");
+        problems.push(Problem {
+            kind: ProblemKind::Metadata,
+            tensor: None,
+            expected: None,
+            found: None,
+            message: format!(
+                "`{key}` says {k} MTP layer(s), but {} trailing block(s) hold nextn.* tensors \
+                     ({}): the tensors decide, so the model has {} decoder layers",
+                cr.mtp.blocks.len(),
+                block_list(&cr.mtp.blocks),
+                config.num_hidden_layers
+            ),
+        });
+    }
+    if !cr.mtp.stray.is_empty() {
+        problems.push(Problem {
+            kind: ProblemKind::Unexpected,
+            tensor: None,
+            expected: None,
+            found: None,
+            message: format!(
+                "nextn.* (MTP) tensors in block(s) {} that are not trailing MTP blocks \
+                     below block_count {}",
+                block_list(&cr.mtp.stray),
+                config.gguf_block_count()
+            ),
+        });
+    }
+    problems
+}
+
 /// Every tensor against the config: missing, unexpected, wrong shape.
 pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String>) {
-    let mut problems = Vec::new();
-    let mut expected: HashSet<String> = HashSet::new();
-    let mut check = |problems: &mut Vec<Problem>,
-                     tensor: String,
-                     shape: Vec<usize>,
-                     for_param: &dyn Fn() -> String| {
-        match model.tensor(&tensor) {
-            None => problems.push(Problem {
+    let mut check = TensorCheck {
+        model,
+        c,
+        problems: Vec::new(),
+        expected: HashSet::new(),
+    };
+    // Layers with no tensor at all (a block_count that overstates the file, a part of a split set
+    // made for another model) are one problem per run of layers, not one per tensor.
+    let present_layers: HashSet<usize> = model
+        .tensors()
+        .filter_map(|t| glm_dsa::gguf_layer(&t.info.name))
+        .collect();
+    let mut absent: Option<(usize, usize, usize)> = None; // (first, last, tensors expected)
+    let layers = std::iter::once(None).chain((0..c.gguf_block_count()).map(Some));
+    for layer in layers {
+        if let Some(l) = layer.filter(|l| !present_layers.contains(l)) {
+            let n: usize = glm_dsa::HF_TABLE
+                .iter()
+                .filter(|d| check.applies(d, layer))
+                .map(|d| d.gguf.len())
+                .sum();
+            absent = match absent {
+                Some((a, _, m)) => Some((a, l, m + n)),
+                None => Some((l, l, n)),
+            };
+            continue;
+        }
+        check.problems.extend(absent.take().map(absent_layers));
+        check.layer(layer);
+    }
+    check.problems.extend(absent.take().map(absent_layers));
+    let mut problems = check.problems;
+    problems.extend(unexpected_tensors(model, c, &check.expected));
+    let mut notes = Vec::new();
+    if c.num_nextn_predict_layers > 0 {
+        let blocks: Vec<usize> = (c.num_hidden_layers..c.gguf_block_count()).collect();
+        let n = model
+            .tensors()
+            .filter(|t| glm_dsa::gguf_layer(&t.info.name).is_some_and(|l| c.is_mtp_layer(l)))
+            .count();
+        notes.push(format!(
+            "block(s) {} hold the MTP (nextn) layer ({n} tensors): inventoried and shape-checked, \
+             not part of the served model or the forward",
+            block_list(&blocks)
+        ));
+    }
+    (problems, notes)
+}
+
+/// The expected tensors checked so far, and what was wrong with them.
+struct TensorCheck<'m> {
+    model: &'m GgufModel,
+    c: &'m Config,
+    problems: Vec<Problem>,
+    expected: HashSet<String>,
+}
+
+impl TensorCheck<'_> {
+    /// Whether the name table's parameter `d` exists in `layer` (None: the globals).
+    fn applies(&self, d: &glm_dsa::HfDef, layer: Option<usize>) -> bool {
+        let in_scope = match layer {
+            None => d.scope == glm_dsa::Scope::Global,
+            Some(l) => d.scope.has_layer(self.c, l),
+        };
+        in_scope && !(d.role == glm_dsa::Role::LmHead && self.c.tie_word_embeddings)
+    }
+
+    /// One expected tensor: present, with the shape the config implies.
+    fn check(&mut self, tensor: String, shape: Vec<usize>, for_param: &dyn Fn() -> String) {
+        match self.model.tensor(&tensor) {
+            None => self.problems.push(Problem {
                 kind: ProblemKind::Missing,
                 message: format!("`{tensor}` (for {}) is not in the file", for_param()),
                 tensor: Some(tensor.clone()),
@@ -290,7 +373,7 @@ pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String
             Some(t) => {
                 let found = t.info.torch_shape();
                 if found != shape {
-                    problems.push(Problem {
+                    self.problems.push(Problem {
                         kind: ProblemKind::WrongShape,
                         message: format!(
                             "`{tensor}` has shape {found:?}, the config implies {shape:?} (for {})",
@@ -303,76 +386,31 @@ pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String
                 }
             }
         }
-        expected.insert(tensor);
-    };
-    let applies = |d: &glm_dsa::HfDef, layer: Option<usize>| {
-        let in_scope = match layer {
-            None => d.scope == glm_dsa::Scope::Global,
-            Some(l) => d.scope.has_layer(c, l),
-        };
-        in_scope && !(d.role == glm_dsa::Role::LmHead && c.tie_word_embeddings)
-    };
-    // Layers with no tensor at all (a block_count that overstates the file, a part of a split set
-    // made for another model) are one problem per run of layers, not one per tensor.
-    let present_layers: HashSet<usize> = model
-        .tensors()
-        .filter_map(|t| glm_dsa::gguf_layer(&t.info.name))
-        .collect();
-    let mut absent: Option<(usize, usize, usize)> = None; // (first, last, tensors expected)
-    let flush = |problems: &mut Vec<Problem>, absent: &mut Option<(usize, usize, usize)>| {
-        if let Some((a, b, n)) = absent.take() {
-            let which = if a == b {
-                format!("layer {a} has")
-            } else {
-                format!("layers {a}–{b} have")
-            };
-            problems.push(Problem {
-                kind: ProblemKind::Missing,
-                message: format!(
-                    "{which} no tensors in the file ({n} expected from the config; \
-                     is `block_count` right, is a part of the split set missing?)"
-                ),
-                tensor: None,
-                expected: None,
-                found: None,
-            });
-        }
-    };
-    let layers = std::iter::once(None).chain((0..c.gguf_block_count()).map(Some));
-    for layer in layers {
-        if let Some(l) = layer.filter(|l| !present_layers.contains(l)) {
-            let n: usize = glm_dsa::HF_TABLE
-                .iter()
-                .filter(|d| applies(d, layer))
-                .map(|d| d.gguf.len())
-                .sum();
-            absent = match absent {
-                Some((a, _, m)) => Some((a, l, m + n)),
-                None => Some((l, l, n)),
-            };
-            continue;
-        }
-        flush(&mut problems, &mut absent);
+        self.expected.insert(tensor);
+    }
+
+    /// Every tensor of one layer (None: the globals); an MTP block is a full MoE layer plus its
+    /// nextn.* tensors (the optional ones checked when present).
+    fn layer(&mut self, layer: Option<usize>) {
+        let (model, c) = (self.model, self.c);
         let idx = Idx {
             layer,
             expert: None,
         };
         let mtp = layer.is_some_and(|l| c.is_mtp_layer(l));
         if mtp {
-            // An MTP block: a full MoE layer plus its nextn.* tensors (the optional ones checked
-            // when present).
             for d in glm_dsa::MTP_TABLE {
                 let tensor = glm_dsa::name(d.gguf, idx);
                 if d.optional && model.tensor(&tensor).is_none() {
                     continue;
                 }
-                check(&mut problems, tensor, glm_dsa::resolve(d.shape, c), &|| {
+                self.check(tensor, glm_dsa::resolve(d.shape, c), &|| {
                     format!("{} of the MTP layer", glm_dsa::name(d.hf, idx))
                 });
             }
         }
         for d in glm_dsa::HF_TABLE.iter() {
-            if !applies(d, layer) {
+            if !self.applies(d, layer) {
                 continue;
             }
             let param = || {
@@ -392,8 +430,7 @@ pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String
                 None => d.gguf.to_vec(),
             };
             for s in sources {
-                check(
-                    &mut problems,
+                self.check(
                     glm_dsa::name(s.name, idx),
                     glm_dsa::resolve(s.shape, c),
                     &param,
@@ -401,8 +438,30 @@ pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String
             }
         }
     }
-    flush(&mut problems, &mut absent);
-    let mut notes = Vec::new();
+}
+
+/// A run of layers `a..=b` with no tensor in the file, where the config expects `n`.
+fn absent_layers((a, b, n): (usize, usize, usize)) -> Problem {
+    let which = if a == b {
+        format!("layer {a} has")
+    } else {
+        format!("layers {a}–{b} have")
+    };
+    Problem {
+        kind: ProblemKind::Missing,
+        message: format!(
+            "{which} no tensors in the file ({n} expected from the config; \
+             is `block_count` right, is a part of the split set missing?)"
+        ),
+        tensor: None,
+        expected: None,
+        found: None,
+    }
+}
+
+/// Tensors of the file that no expected name accounts for.
+fn unexpected_tensors(model: &GgufModel, c: &Config, expected: &HashSet<String>) -> Vec<Problem> {
+    let mut problems = Vec::new();
     for t in model.tensors() {
         let n = &t.info.name;
         if expected.contains(n) {
@@ -425,19 +484,7 @@ pub fn check_tensors(model: &GgufModel, c: &Config) -> (Vec<Problem>, Vec<String
             },
         });
     }
-    if c.num_nextn_predict_layers > 0 {
-        let blocks: Vec<usize> = (c.num_hidden_layers..c.gguf_block_count()).collect();
-        let n = model
-            .tensors()
-            .filter(|t| glm_dsa::gguf_layer(&t.info.name).is_some_and(|l| c.is_mtp_layer(l)))
-            .count();
-        notes.push(format!(
-            "block(s) {} hold the MTP (nextn) layer ({n} tensors): inventoried and shape-checked, \
-             not part of the served model or the forward",
-            block_list(&blocks)
-        ));
-    }
-    (problems, notes)
+    problems
 }
 
 /// Blocks as `78` or `76, 77, 78`.
