@@ -78,7 +78,15 @@ pub fn inspect_text(r: &InspectReport, all_tensors: bool) -> String {
         out.push_str(&cfg.to_string());
         out.push_str("\n\n");
     }
+    out.push_str(&inspect_types(r));
+    out.push_str(&inspect_tokenizer(r));
+    out.push_str(&inspect_tensors(r, all_tensors));
+    out.push_str(&inspect_verdict(r));
+    out
+}
 
+fn inspect_types(r: &InspectReport) -> String {
+    let mut out = String::new();
     let mut types = table(&["type", "tensors", "elements", "bytes", "dequantizable"]);
     for t in &r.types {
         types.add_row(vec![
@@ -98,7 +106,11 @@ pub fn inspect_text(r: &InspectReport, all_tensors: bool) -> String {
     ]);
     out.push_str(&types.to_string());
     out.push_str("\n\n");
+    out
+}
 
+fn inspect_tokenizer(r: &InspectReport) -> String {
+    let mut out = String::new();
     if let Some(tok) = &r.tokenizer {
         out.push_str(&format!(
             "tokenizer: {} (pre {}), {} tokens, {} merges, chat template {}\n",
@@ -122,7 +134,11 @@ pub fn inspect_text(r: &InspectReport, all_tensors: bool) -> String {
         }
         out.push('\n');
     }
+    out
+}
 
+fn inspect_tensors(r: &InspectReport, all_tensors: bool) -> String {
+    let mut out = String::new();
     let mut tensors = table(&["tensor", "type", "shape (PyTorch)", "HF parameter"]);
     let mut hidden = 0;
     for t in &r.tensors {
@@ -150,7 +166,12 @@ pub fn inspect_text(r: &InspectReport, all_tensors: bool) -> String {
         ));
     }
     out.push('\n');
+    out
+}
 
+/// The notes and the consistency verdict.
+fn inspect_verdict(r: &InspectReport) -> String {
+    let mut out = String::new();
     for n in &r.notes {
         out.push_str(&format!("note: {n}\n"));
     }
