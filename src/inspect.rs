@@ -68,15 +68,53 @@ pub enum ProblemKind {
     WrongShape,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// What one problem is, with its numbers; [`crate::report::inspect_problem`] says it in words
+/// (the JSON's `message`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cause {
+    /// A file of another architecture: inventoried only.
+    ForeignArch { arch: String },
+    /// No `general.architecture`: read as glm-dsa.
+    NoArch,
+    /// `nextn_predict_layers` disagrees with the trailing blocks holding nextn tensors.
+    MtpKey {
+        key_says: usize,
+        blocks: Vec<usize>,
+        decoder_layers: usize,
+    },
+    /// nextn tensors in blocks that are not trailing MTP blocks.
+    StrayNextn {
+        blocks: Vec<usize>,
+        block_count: usize,
+    },
+    /// An expected tensor is absent (for this HF parameter).
+    Missing { for_param: String },
+    /// A tensor's shape is not the config's (for this HF parameter).
+    WrongShape { for_param: String },
+    /// A run of layers with no tensor at all, and how many the config expects there.
+    AbsentLayers {
+        first: usize,
+        last: usize,
+        expected: usize,
+    },
+    /// A tensor of a block past the file's block count.
+    PastBlockCount {
+        block: usize,
+        block_count: usize,
+        decoder_layers: usize,
+        mtp_layers: usize,
+    },
+    /// A tensor name no table knows.
+    Unknown,
+}
+
+#[derive(Debug, Clone)]
 pub struct Problem {
     pub kind: ProblemKind,
     pub tensor: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub expected: Option<Vec<usize>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub found: Option<Vec<usize>>,
-    pub message: String,
+    pub cause: Cause,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -181,10 +219,7 @@ fn architecture(model: &GgufModel) -> Result<(String, Vec<Problem>), GgufError> 
             tensor: None,
             expected: None,
             found: None,
-            message: format!(
-                "architecture {arch}: glmcheck checks {ARCH} models; its tensors are \
-                     inventoried, no GLM-5 config is read or assumed"
-            ),
+            cause: Cause::ForeignArch { arch: arch.clone() },
         });
     } else if arch.is_empty() {
         problems.push(Problem {
@@ -192,9 +227,7 @@ fn architecture(model: &GgufModel) -> Result<(String, Vec<Problem>), GgufError> 
             tensor: None,
             expected: None,
             found: None,
-            message: format!(
-                "no general.architecture: read as {ARCH} (GLM-5) with `{ARCH}.*` keys"
-            ),
+            cause: Cause::NoArch,
         });
     }
     Ok((arch, problems))
@@ -259,19 +292,16 @@ fn inventory(model: &GgufModel, foreign: bool) -> (Vec<TypeSummary>, Vec<TensorR
 fn mtp_problems(cr: &crate::arch::config::ConfigReport, config: &Config) -> Vec<Problem> {
     let mut problems = Vec::new();
     if let Some(k) = cr.mtp.key_disagrees() {
-        let key = format!("{ARCH}.nextn_predict_layers");
         problems.push(Problem {
             kind: ProblemKind::Metadata,
             tensor: None,
             expected: None,
             found: None,
-            message: format!(
-                "`{key}` says {k} MTP layer(s), but {} trailing block(s) hold nextn.* tensors \
-                     ({}): the tensors decide, so the model has {} decoder layers",
-                cr.mtp.blocks.len(),
-                block_list(&cr.mtp.blocks),
-                config.num_hidden_layers
-            ),
+            cause: Cause::MtpKey {
+                key_says: k,
+                blocks: cr.mtp.blocks.clone(),
+                decoder_layers: config.num_hidden_layers,
+            },
         });
     }
     if !cr.mtp.stray.is_empty() {
@@ -280,12 +310,10 @@ fn mtp_problems(cr: &crate::arch::config::ConfigReport, config: &Config) -> Vec<
             tensor: None,
             expected: None,
             found: None,
-            message: format!(
-                "nextn.* (MTP) tensors in block(s) {} that are not trailing MTP blocks \
-                     below block_count {}",
-                block_list(&cr.mtp.stray),
-                config.gguf_block_count()
-            ),
+            cause: Cause::StrayNextn {
+                blocks: cr.mtp.stray.clone(),
+                block_count: config.gguf_block_count(),
+            },
         });
     }
     problems
@@ -365,7 +393,9 @@ impl TensorCheck<'_> {
         match self.model.tensor(&tensor) {
             None => self.problems.push(Problem {
                 kind: ProblemKind::Missing,
-                message: format!("`{tensor}` (for {}) is not in the file", for_param()),
+                cause: Cause::Missing {
+                    for_param: for_param(),
+                },
                 tensor: Some(tensor.clone()),
                 expected: Some(shape),
                 found: None,
@@ -375,10 +405,9 @@ impl TensorCheck<'_> {
                 if found != shape {
                     self.problems.push(Problem {
                         kind: ProblemKind::WrongShape,
-                        message: format!(
-                            "`{tensor}` has shape {found:?}, the config implies {shape:?} (for {})",
-                            for_param()
-                        ),
+                        cause: Cause::WrongShape {
+                            for_param: for_param(),
+                        },
                         tensor: Some(tensor.clone()),
                         expected: Some(shape),
                         found: Some(found),
@@ -441,18 +470,14 @@ impl TensorCheck<'_> {
 }
 
 /// A run of layers `a..=b` with no tensor in the file, where the config expects `n`.
-fn absent_layers((a, b, n): (usize, usize, usize)) -> Problem {
-    let which = if a == b {
-        format!("layer {a} has")
-    } else {
-        format!("layers {a}–{b} have")
-    };
+fn absent_layers((first, last, expected): (usize, usize, usize)) -> Problem {
     Problem {
         kind: ProblemKind::Missing,
-        message: format!(
-            "{which} no tensors in the file ({n} expected from the config; \
-             is `block_count` right, is a part of the split set missing?)"
-        ),
+        cause: Cause::AbsentLayers {
+            first,
+            last,
+            expected,
+        },
         tensor: None,
         expected: None,
         found: None,
@@ -473,14 +498,14 @@ fn unexpected_tensors(model: &GgufModel, c: &Config, expected: &HashSet<String>)
             tensor: Some(n.clone()),
             expected: None,
             found: Some(t.info.torch_shape()),
-            message: match layer {
-                Some(l) if l >= c.gguf_block_count() => format!(
-                    "`{n}` belongs to block {l}, but the file has {} blocks ({} decoder + {} MTP)",
-                    c.gguf_block_count(),
-                    c.num_hidden_layers,
-                    c.num_nextn_predict_layers
-                ),
-                _ => format!("`{n}` is not a glm-dsa tensor glmcheck knows"),
+            cause: match layer {
+                Some(block) if block >= c.gguf_block_count() => Cause::PastBlockCount {
+                    block,
+                    block_count: c.gguf_block_count(),
+                    decoder_layers: c.num_hidden_layers,
+                    mtp_layers: c.num_nextn_predict_layers,
+                },
+                _ => Cause::Unknown,
             },
         });
     }
@@ -488,7 +513,7 @@ fn unexpected_tensors(model: &GgufModel, c: &Config, expected: &HashSet<String>)
 }
 
 /// Blocks as `78` or `76, 77, 78`.
-fn block_list(blocks: &[usize]) -> String {
+pub fn block_list(blocks: &[usize]) -> String {
     if blocks.is_empty() {
         return "none".into();
     }

@@ -202,7 +202,7 @@ fn inspect_verdict(r: &InspectReport) -> String {
                     .and_then(|v| v.as_str().map(str::to_string))
                     .unwrap_or_default(),
                 pr.tensor.clone().unwrap_or_default(),
-                pr.message.clone(),
+                inspect_problem(pr),
             ]);
         }
         out.push_str(&p.to_string());
@@ -502,5 +502,143 @@ pub fn num(x: f64) -> String {
         format!("{x:.4}")
     } else {
         format!("{x:.3e}")
+    }
+}
+
+/// One `inspect` problem in words (the JSON's `message`).
+pub fn inspect_problem(p: &crate::inspect::Problem) -> String {
+    use crate::arch::ARCH;
+    use crate::inspect::Cause;
+    let tensor = p.tensor.as_deref().unwrap_or_default();
+    match &p.cause {
+        Cause::ForeignArch { arch } => format!(
+            "architecture {arch}: glmcheck checks {ARCH} models; its tensors are \
+             inventoried, no GLM-5 config is read or assumed"
+        ),
+        Cause::NoArch => {
+            format!("no general.architecture: read as {ARCH} (GLM-5) with `{ARCH}.*` keys")
+        }
+        Cause::MtpKey {
+            key_says,
+            blocks,
+            decoder_layers,
+        } => format!(
+            "`{ARCH}.nextn_predict_layers` says {key_says} MTP layer(s), but {} trailing block(s) \
+             hold nextn.* tensors ({}): the tensors decide, so the model has {decoder_layers} \
+             decoder layers",
+            blocks.len(),
+            crate::inspect::block_list(blocks),
+        ),
+        Cause::StrayNextn {
+            blocks,
+            block_count,
+        } => format!(
+            "nextn.* (MTP) tensors in block(s) {} that are not trailing MTP blocks below \
+             block_count {block_count}",
+            crate::inspect::block_list(blocks),
+        ),
+        Cause::Missing { for_param } => {
+            format!("`{tensor}` (for {for_param}) is not in the file")
+        }
+        Cause::WrongShape { for_param } => format!(
+            "`{tensor}` has shape {:?}, the config implies {:?} (for {for_param})",
+            p.found.clone().unwrap_or_default(),
+            p.expected.clone().unwrap_or_default(),
+        ),
+        Cause::AbsentLayers {
+            first,
+            last,
+            expected,
+        } => {
+            let which = if first == last {
+                format!("layer {first} has")
+            } else {
+                format!("layers {first}–{last} have")
+            };
+            format!(
+                "{which} no tensors in the file ({expected} expected from the config; \
+                 is `block_count` right, is a part of the split set missing?)"
+            )
+        }
+        Cause::PastBlockCount {
+            block,
+            block_count,
+            decoder_layers,
+            mtp_layers,
+        } => format!(
+            "`{tensor}` belongs to block {block}, but the file has {block_count} blocks \
+             ({decoder_layers} decoder + {mtp_layers} MTP)"
+        ),
+        Cause::Unknown => format!("`{tensor}` is not a glm-dsa tensor glmcheck knows"),
+    }
+}
+
+/// `inspect`'s problems serialize with their sentence: `{kind, tensor, expected?, found?, message}`.
+impl serde::Serialize for crate::inspect::Problem {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("kind", &self.kind)?;
+        m.serialize_entry("tensor", &self.tensor)?;
+        if let Some(e) = &self.expected {
+            m.serialize_entry("expected", e)?;
+        }
+        if let Some(f) = &self.found {
+            m.serialize_entry("found", f)?;
+        }
+        m.serialize_entry("message", &inspect_problem(self))?;
+        m.end()
+    }
+}
+
+#[cfg(test)]
+mod inspect_problem_tests {
+    use super::*;
+    use crate::inspect::{Cause, Problem, ProblemKind};
+
+    fn problem(cause: Cause, tensor: Option<&str>) -> Problem {
+        Problem {
+            kind: ProblemKind::Missing,
+            tensor: tensor.map(str::to_string),
+            expected: Some(vec![4, 8]),
+            found: Some(vec![8, 4]),
+            cause,
+        }
+    }
+
+    #[test]
+    fn problems_are_worded_from_their_numbers() {
+        let p = problem(
+            Cause::AbsentLayers {
+                first: 3,
+                last: 5,
+                expected: 60,
+            },
+            None,
+        );
+        assert!(
+            inspect_problem(&p).starts_with("layers 3–5 have no tensors in the file (60 expected")
+        );
+        let p = problem(
+            Cause::WrongShape {
+                for_param: "model.layers.1.self_attn.o_proj.weight".into(),
+            },
+            Some("blk.1.attn_output.weight"),
+        );
+        assert_eq!(
+            inspect_problem(&p),
+            "`blk.1.attn_output.weight` has shape [8, 4], the config implies [4, 8] (for model.layers.1.self_attn.o_proj.weight)"
+        );
+        let json = serde_json::to_value(&p).expect("json");
+        assert_eq!(json["kind"], "missing");
+        assert_eq!(json["expected"], serde_json::json!([4, 8]));
+        assert_eq!(json["message"], inspect_problem(&p));
+        let p = Problem {
+            expected: None,
+            found: None,
+            ..problem(Cause::NoArch, None)
+        };
+        let json = serde_json::to_value(&p).expect("json");
+        assert!(json.get("expected").is_none() && json.get("found").is_none());
     }
 }
