@@ -161,9 +161,22 @@ pub fn fold_chunks<R: Send>(
 /// Dequantizes into a new vector.
 pub fn dequantize(name: &str, dtype: GgmlType, bytes: &[u8]) -> Result<Vec<f32>, DequantError> {
     let n_blocks = bytes.len() as u64 / dtype.type_size.max(1);
-    let n = n_blocks * dtype.block_size;
-    let mut out = vec![0f32; n as usize];
+    let mut out = alloc_f32(name, n_blocks * dtype.block_size)?;
     dequantize_into(name, dtype, bytes, &mut out)?;
+    Ok(out)
+}
+
+/// `n` zeroed f32 for tensor `name`, or [`DequantError::Alloc`] when the memory cannot be had
+/// (never the allocator's abort).
+pub(crate) fn alloc_f32(name: &str, n: u64) -> Result<Vec<f32>, DequantError> {
+    let alloc = || DequantError::Alloc {
+        tensor: name.to_string(),
+        bytes: n.saturating_mul(4),
+    };
+    let n = usize::try_from(n).map_err(|_| alloc())?;
+    let mut out: Vec<f32> = Vec::new();
+    out.try_reserve_exact(n).map_err(|_| alloc())?;
+    out.resize(n, 0.0);
     Ok(out)
 }
 
@@ -257,6 +270,16 @@ fn run<T: CandleBlock>(bytes: &[u8], out: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_allocation_that_cannot_succeed_is_an_error_naming_the_tensor() {
+        // 2^46 f32 = 256 TiB: past any x86-64 / aarch64 user address space, overcommit or not.
+        let err = super::alloc_f32("blk.3.ffn_gate_exps.weight", 1 << 46).expect_err("refused");
+        let text = err.to_string();
+        assert!(text.contains("blk.3.ffn_gate_exps.weight"), "{text}");
+        assert!(text.contains(&(1u64 << 48).to_string()), "{text}");
+        assert_eq!(super::alloc_f32("t", 3).expect("small"), vec![0.0; 3]);
+    }
+
     use super::*;
 
     #[test]
