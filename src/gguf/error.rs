@@ -71,6 +71,8 @@ pub enum DequantError {
     Bad { tensor: String, reason: String },
     /// Dequantizing would need more memory than can be had (a whole expert stack of a real-size
     /// model in f32, say): an error naming the tensor, never an abort.
-    #[error("tensor `{tensor}`: dequantizing it to f32 needs {bytes} bytes, which cannot be allocated")]
+    #[error(
+        "tensor `{tensor}`: dequantizing it to f32 needs {bytes} bytes, which cannot be allocated"
+    )]
     Alloc { tensor: String, bytes: u64 },
 }

@@ -398,30 +398,7 @@ impl Header {
 
 fn parse(path: &Path, buf: &[u8], file_size: u64) -> Result<Header, GgufError> {
     let mut c = Cursor { path, buf, pos: 0 };
-    let magic = c.array::<4>(&|| "header.magic".into())?;
-    if &magic != b"GGUF" {
-        return Err(c.invalid(
-            "header.magic".into(),
-            0,
-            format!(
-                "expected \"GGUF\", found {:?}: not a GGUF file",
-                String::from_utf8_lossy(&magic)
-            ),
-        ));
-    }
-    let version = c.u32(&|| "header.version".into())?;
-    if !(2..=3).contains(&version) {
-        let hint = if version.swap_bytes() <= 3 {
-            " (a big-endian GGUF, which glmcheck does not read)"
-        } else {
-            ""
-        };
-        return Err(c.invalid(
-            "header.version".into(),
-            4,
-            format!("unsupported GGUF version {version}{hint}; versions 2 and 3 are supported"),
-        ));
-    }
+    let version = parse_magic_version(&mut c)?;
     let n_tensors_at = c.pos as u64;
     let n_tensors = c.u64(&|| "header.tensor_count".into())?;
     let n_kv_at = c.pos as u64;
@@ -518,6 +495,35 @@ fn parse(path: &Path, buf: &[u8], file_size: u64) -> Result<Header, GgufError> {
         data_offset,
         file_size,
     })
+}
+
+/// `GGUF` and a version glmcheck reads (2 or 3).
+fn parse_magic_version(c: &mut Cursor) -> Result<u32, GgufError> {
+    let magic = c.array::<4>(&|| "header.magic".into())?;
+    if &magic != b"GGUF" {
+        return Err(c.invalid(
+            "header.magic".into(),
+            0,
+            format!(
+                "expected \"GGUF\", found {:?}: not a GGUF file",
+                String::from_utf8_lossy(&magic)
+            ),
+        ));
+    }
+    let version = c.u32(&|| "header.version".into())?;
+    if !(2..=3).contains(&version) {
+        let hint = if version.swap_bytes() <= 3 {
+            " (a big-endian GGUF, which glmcheck does not read)"
+        } else {
+            ""
+        };
+        return Err(c.invalid(
+            "header.version".into(),
+            4,
+            format!("unsupported GGUF version {version}{hint}; versions 2 and 3 are supported"),
+        ));
+    }
+    Ok(version)
 }
 
 /// A record count from the header, and whether the file could hold that many records.
