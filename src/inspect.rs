@@ -537,6 +537,8 @@ fn tokenizer_summary(model: &GgufModel) -> Option<TokenizerSummary> {
         .value("tokenizer.ggml.merges")
         .and_then(Value::as_array)
         .map_or(0, <[Value]>::len);
+    // Every `tokenizer.ggml.*_token_id` llama.cpp writes (llama-arch.cpp's LLM_KV_TOKENIZER_*_ID;
+    // "seperator" is its spelling).
     let mut special = BTreeMap::new();
     for key in [
         "bos",
@@ -546,7 +548,14 @@ fn tokenizer_summary(model: &GgufModel) -> Option<TokenizerSummary> {
         "unknown",
         "padding",
         "seperator",
+        "cls",
         "mask",
+        "fim_pre",
+        "fim_suf",
+        "fim_mid",
+        "fim_pad",
+        "fim_rep",
+        "fim_sep",
     ] {
         if let Some(id) = model
             .value(&format!("tokenizer.ggml.{key}_token_id"))

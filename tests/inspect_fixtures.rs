@@ -96,3 +96,38 @@ fn version_help_and_completions() {
     assert_eq!(out.status.code(), Some(0));
     assert!(stdout(&out).contains("glmcheck"));
 }
+
+/// Every special-token id llama.cpp writes is listed (cls and the FIM ids were missing).
+#[test]
+fn inspect_lists_every_special_token_llama_cpp_writes() {
+    use glmcheck::gguf::writer::{write_gguf, WriteTensor};
+    use glmcheck::gguf::{GgufModel, Value};
+    let m = GgufModel::open(&gguf("tiny-Q8_0")).expect("open");
+    let mut kvs: Vec<(String, Value)> = m
+        .metadata()
+        .iter()
+        .map(|e| (e.key.clone(), e.value.clone()))
+        .collect();
+    kvs.push(("tokenizer.ggml.cls_token_id".into(), Value::U32(5)));
+    kvs.push(("tokenizer.ggml.fim_pre_token_id".into(), Value::U32(6)));
+    let tensors: Vec<WriteTensor> = m
+        .tensors()
+        .map(|t| WriteTensor {
+            name: t.info.name.clone(),
+            ne: t.info.ne.clone(),
+            dtype: t.info.dtype,
+            data: Some(t.bytes()),
+        })
+        .collect();
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("specials.gguf");
+    let mut f = std::fs::File::create(&path).expect("create");
+    write_gguf(&mut f, &kvs, &tensors, 32).expect("write");
+    drop(f);
+    let out = glmcheck(&["inspect", path_str(&path), "--json"]);
+    let r = json_of(&out);
+    let special = &r["tokenizer"]["special"];
+    assert_eq!(special["cls"]["id"], 5, "{special}");
+    assert_eq!(special["fim_pre"]["id"], 6, "{special}");
+    assert!(special["cls"]["text"].is_string(), "{special}");
+}
