@@ -39,77 +39,209 @@ pub enum Fault {
     Bf16AsF16,
 }
 
-pub const FAULT_NAMES: &[&str] = &[
-    "none",
-    "kvb-concat",
-    "kvb-untransposed",
-    "rank-swap:A,B",
-    "merged-rank0",
-    "merged-midsplit",
-    "param-zeroed:GLOB",
-    "wrong-dim",
-    "vocab-unpadded",
-    "bf16-as-f16",
+/// The parameter a fault takes after its name, and how the fault is built from it.
+pub enum Make {
+    /// No parameter: the fault itself.
+    Plain(Fault),
+    /// `NAME:A,B`: two different rank numbers.
+    Ranks(fn(usize, usize) -> Fault),
+    /// `NAME:GLOB`: a non-empty parameter-name glob.
+    Glob(fn(String) -> Fault),
+}
+
+impl Make {
+    /// The parameter syntax after the name (`""`, `":A,B"`, `":GLOB"`).
+    pub fn syntax(&self) -> &'static str {
+        match self {
+            Make::Plain(_) => "",
+            Make::Ranks(_) => ":A,B",
+            Make::Glob(_) => ":GLOB",
+        }
+    }
+
+    /// A fault of this kind (any parameters), to tell kinds apart.
+    fn sample(&self) -> Fault {
+        match self {
+            Make::Plain(f) => f.clone(),
+            Make::Ranks(f) => f(0, 1),
+            Make::Glob(f) => f(String::new()),
+        }
+    }
+}
+
+/// One known loader bug: its name, parameter syntax, what it does, and the smallest tp at which it
+/// changes anything.
+pub struct FaultSpec {
+    pub name: &'static str,
+    pub make: Make,
+    pub about: &'static str,
+    pub min_tp: usize,
+}
+
+impl FaultSpec {
+    /// How the fault is written on the command line (`rank-swap:A,B`).
+    pub fn syntax(&self) -> String {
+        format!("{}{}", self.name, self.make.syntax())
+    }
+}
+
+/// Every known fault, in the order `--help` lists them. Parsing, `--help`, [`Fault::cause`] and
+/// [`Fault::check_tp`] read this table; nothing else spells a fault's name.
+pub static FAULTS: [FaultSpec; 10] = [
+    FaultSpec {
+        name: "none",
+        make: Make::Plain(Fault::None),
+        about: "the correct dump",
+        min_tp: 1,
+    },
+    FaultSpec {
+        name: "kvb-concat",
+        make: Make::Plain(Fault::KvbConcat),
+        about: "kv_b_proj rebuilt as all heads' k_nope rows, then all heads' v rows",
+        min_tp: 1,
+    },
+    FaultSpec {
+        name: "kvb-untransposed",
+        make: Make::Plain(Fault::KvbUntransposed),
+        about: "kv_b_proj built from attn_k_b reshaped instead of transposed back",
+        min_tp: 1,
+    },
+    FaultSpec {
+        name: "rank-swap",
+        make: Make::Ranks(Fault::RankSwap),
+        about: "ranks A and B hold each other's shards",
+        min_tp: 2,
+    },
+    FaultSpec {
+        name: "merged-rank0",
+        make: Make::Plain(Fault::MergedRank0),
+        about: "every rank holds shard 0 of merged layers (tp rank ignored while loading)",
+        min_tp: 2,
+    },
+    FaultSpec {
+        name: "merged-midsplit",
+        make: Make::Plain(Fault::MergedMidsplit),
+        about: "a merged gate/up cut at the midpoint of the concatenation",
+        min_tp: 2,
+    },
+    FaultSpec {
+        name: "param-zeroed",
+        make: Make::Glob(Fault::ParamZeroed),
+        about: "parameters matching GLOB left at zero (never loaded)",
+        min_tp: 1,
+    },
+    FaultSpec {
+        name: "wrong-dim",
+        make: Make::Plain(Fault::WrongDim),
+        about: "shards cut along the wrong dimension",
+        min_tp: 2,
+    },
+    FaultSpec {
+        name: "vocab-unpadded",
+        make: Make::Plain(Fault::VocabUnpadded),
+        about: "vocab shards sized unpadded/tp (no padding to ×64)",
+        min_tp: 1,
+    },
+    FaultSpec {
+        name: "bf16-as-f16",
+        make: Make::Plain(Fault::Bf16AsF16),
+        about: "bf16 bits stored (and read) as fp16",
+        min_tp: 1,
+    },
 ];
 
+/// Why a fault could not be parsed or used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FaultError {
+    #[error("unknown fault `{given}`; known: {known}")]
+    Unknown { given: String, known: String },
+    #[error("`{given}`: expected {syntax}")]
+    Syntax { given: String, syntax: String },
+    #[error("`{given}`: `{part}` is not a rank number")]
+    NotARank { given: String, part: String },
+    #[error("`{given}`: the two ranks must differ")]
+    SameRanks { given: String },
+    #[error("rank-swap:{a},{b} needs tp > {max}")]
+    RankBeyondTp { a: usize, b: usize, max: usize },
+    #[error("{name} changes nothing at tp=1 (one rank holds the whole tensor)")]
+    NeedsTp2 { name: &'static str },
+}
+
+/// Every fault's syntax, comma-separated (`none, kvb-concat, …, rank-swap:A,B, …`).
+pub fn fault_list() -> String {
+    FAULTS
+        .iter()
+        .map(FaultSpec::syntax)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl FromStr for Fault {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "none" => Fault::None,
-            "kvb-concat" => Fault::KvbConcat,
-            "kvb-untransposed" => Fault::KvbUntransposed,
-            "merged-rank0" => Fault::MergedRank0,
-            "merged-midsplit" => Fault::MergedMidsplit,
-            "wrong-dim" => Fault::WrongDim,
-            "vocab-unpadded" => Fault::VocabUnpadded,
-            "bf16-as-f16" => Fault::Bf16AsF16,
-            _ => {
-                if let Some(ab) = s.strip_prefix("rank-swap:") {
-                    let (a, b) = ab
-                        .split_once(',')
-                        .ok_or_else(|| format!("`{s}`: expected rank-swap:A,B"))?;
-                    let parse = |x: &str| {
-                        x.trim()
-                            .parse::<usize>()
-                            .map_err(|_| format!("`{s}`: `{x}` is not a rank number"))
-                    };
-                    let (a, b) = (parse(a)?, parse(b)?);
-                    if a == b {
-                        return Err(format!("`{s}`: the two ranks must differ"));
-                    }
-                    Fault::RankSwap(a, b)
-                } else if let Some(g) = s.strip_prefix("param-zeroed:") {
-                    if g.is_empty() {
-                        return Err(format!("`{s}`: expected param-zeroed:GLOB"));
-                    }
-                    Fault::ParamZeroed(g.to_string())
-                } else {
-                    return Err(format!(
-                        "unknown fault `{s}`; known: {}",
-                        FAULT_NAMES.join(", ")
-                    ));
+    type Err = FaultError;
+    fn from_str(s: &str) -> Result<Self, FaultError> {
+        let (name, arg) = match s.split_once(':') {
+            Some((n, a)) => (n, Some(a)),
+            None => (s, None),
+        };
+        let unknown = || FaultError::Unknown {
+            given: s.to_string(),
+            known: fault_list(),
+        };
+        let spec = FAULTS.iter().find(|f| f.name == name).ok_or_else(unknown)?;
+        let syntax = || FaultError::Syntax {
+            given: s.to_string(),
+            syntax: spec.syntax(),
+        };
+        match (&spec.make, arg) {
+            (Make::Plain(f), None) => Ok(f.clone()),
+            (Make::Ranks(make), Some(ab)) => {
+                let (a, b) = ab.split_once(',').ok_or_else(syntax)?;
+                let rank = |x: &str| {
+                    x.trim().parse::<usize>().map_err(|_| FaultError::NotARank {
+                        given: s.to_string(),
+                        part: x.to_string(),
+                    })
+                };
+                let (a, b) = (rank(a)?, rank(b)?);
+                if a == b {
+                    return Err(FaultError::SameRanks {
+                        given: s.to_string(),
+                    });
                 }
+                Ok(make(a, b))
             }
-        })
+            (Make::Glob(make), Some(g)) if !g.is_empty() => Ok(make(g.to_string())),
+            (Make::Glob(_), Some(_)) => Err(syntax()),
+            // A name that needs a parameter given none, or one that takes none given one.
+            _ => Err(unknown()),
+        }
+    }
+}
+
+impl std::fmt::Display for Fault {
+    /// The fault as written on the command line (parses back to itself).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fault::RankSwap(a, b) => write!(f, "{}:{a},{b}", self.cause()),
+            Fault::ParamZeroed(g) => write!(f, "{}:{g}", self.cause()),
+            _ => f.write_str(self.cause()),
+        }
     }
 }
 
 impl Fault {
+    /// This fault's entry in [`FAULTS`].
+    pub fn spec(&self) -> &'static FaultSpec {
+        let kind = std::mem::discriminant(self);
+        FAULTS
+            .iter()
+            .find(|s| std::mem::discriminant(&s.make.sample()) == kind)
+            .unwrap_or(&FAULTS[0])
+    }
+
     /// The cause name reported by `--against` (the fault's name without arguments).
     pub fn cause(&self) -> &'static str {
-        match self {
-            Fault::None => "none",
-            Fault::KvbConcat => "kvb-concat",
-            Fault::KvbUntransposed => "kvb-untransposed",
-            Fault::RankSwap(..) => "rank-swap",
-            Fault::MergedRank0 => "merged-rank0",
-            Fault::MergedMidsplit => "merged-midsplit",
-            Fault::ParamZeroed(_) => "param-zeroed",
-            Fault::WrongDim => "wrong-dim",
-            Fault::VocabUnpadded => "vocab-unpadded",
-            Fault::Bf16AsF16 => "bf16-as-f16",
-        }
+        self.spec().name
     }
 
     /// The parameters this bug touches by default.
@@ -129,15 +261,14 @@ impl Fault {
     }
 
     /// Refuses a fault that would change nothing (or is impossible) at this tp.
-    pub fn check_tp(&self, tp: usize) -> Result<(), String> {
+    pub fn check_tp(&self, tp: usize) -> Result<(), FaultError> {
         match self {
-            Fault::RankSwap(a, b) if *a >= tp || *b >= tp => {
-                Err(format!("rank-swap:{a},{b} needs tp > {}", a.max(b)))
-            }
-            Fault::MergedRank0 | Fault::MergedMidsplit | Fault::WrongDim if tp < 2 => Err(format!(
-                "{} changes nothing at tp=1 (one rank holds the whole tensor)",
-                self.cause()
-            )),
+            Fault::RankSwap(a, b) if *a >= tp || *b >= tp => Err(FaultError::RankBeyondTp {
+                a: *a,
+                b: *b,
+                max: *a.max(b),
+            }),
+            _ if tp < self.spec().min_tp => Err(FaultError::NeedsTp2 { name: self.cause() }),
             _ => Ok(()),
         }
     }
@@ -168,6 +299,12 @@ impl Fault {
                 data: encode(dtype, &v),
             })
         };
+        if !matches!(dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+            // Every value is encoded from f32: any other dtype would be f32 bytes under its label.
+            return Err(candle(candle_core::Error::Msg(format!(
+                "cannot write a {dtype:?} dump: glmcheck writes F32, BF16 or F16"
+            ))));
+        }
         if !self.targets(p) {
             return out(p.shard(full, rank).map_err(candle)?, dtype);
         }
@@ -457,4 +594,223 @@ pub fn explain(e: &Evidence<'_>, _c: &Config) -> Explanation {
         }
     }
     Explanation::Unexplained
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::config::ConfigReader;
+    use crate::gguf::GgufModel;
+    use crate::plan::ShardPlan;
+
+    /// A command-line spelling of every table entry, parameters filled in.
+    fn example(f: &FaultSpec) -> String {
+        match f.make {
+            Make::Plain(_) => f.name.to_string(),
+            Make::Ranks(_) => format!("{}:1,3", f.name),
+            Make::Glob(_) => format!("{}:*.mlp.gate.weight", f.name),
+        }
+    }
+
+    #[test]
+    fn every_table_name_parses_and_round_trips() {
+        for spec in &FAULTS {
+            let s = example(spec);
+            let f: Fault = s.parse().unwrap_or_else(|e| panic!("{s}: {e}"));
+            assert_eq!(f.to_string(), s);
+            assert_eq!(f.cause(), spec.name);
+            assert!(std::ptr::eq(f.spec(), spec), "{s}");
+        }
+        assert_eq!(
+            "rank-swap:2, 5".parse::<Fault>(),
+            Ok(Fault::RankSwap(2, 5)),
+            "spaces around a rank are allowed"
+        );
+        let names: std::collections::BTreeSet<_> = FAULTS.iter().map(|f| f.name).collect();
+        assert_eq!(names.len(), FAULTS.len(), "fault names are unique");
+    }
+
+    #[test]
+    fn the_list_is_the_tables_syntax_in_order() {
+        assert_eq!(
+            fault_list(),
+            "none, kvb-concat, kvb-untransposed, rank-swap:A,B, merged-rank0, merged-midsplit, \
+             param-zeroed:GLOB, wrong-dim, vocab-unpadded, bf16-as-f16"
+        );
+    }
+
+    #[test]
+    fn bad_parameters_are_refused_with_the_syntax() {
+        let err = |s: &str| s.parse::<Fault>().unwrap_err().to_string();
+        assert_eq!(err("rank-swap:1"), "`rank-swap:1`: expected rank-swap:A,B");
+        assert_eq!(
+            err("rank-swap:a,2"),
+            "`rank-swap:a,2`: `a` is not a rank number"
+        );
+        assert_eq!(
+            err("rank-swap:1,2,3"),
+            "`rank-swap:1,2,3`: `2,3` is not a rank number"
+        );
+        assert_eq!(
+            err("rank-swap:2,2"),
+            "`rank-swap:2,2`: the two ranks must differ"
+        );
+        assert_eq!(
+            err("param-zeroed:"),
+            "`param-zeroed:`: expected param-zeroed:GLOB"
+        );
+        assert!(err("rank-swap").starts_with("unknown fault `rank-swap`; known: none, "));
+        assert!(err("param-zeroed").starts_with("unknown fault"));
+        assert!(err("kvb-concat:1").starts_with("unknown fault `kvb-concat:1`"));
+        assert_eq!(
+            err("nope"),
+            format!("unknown fault `nope`; known: {}", fault_list())
+        );
+    }
+
+    #[test]
+    fn faults_that_change_nothing_at_this_tp_are_refused() {
+        let check = |s: &str, tp| s.parse::<Fault>().expect("parses").check_tp(tp);
+        assert_eq!(
+            check("rank-swap:0,3", 2).unwrap_err().to_string(),
+            "rank-swap:0,3 needs tp > 3"
+        );
+        assert_eq!(check("rank-swap:0,3", 4), Ok(()));
+        for f in ["merged-rank0", "merged-midsplit", "wrong-dim"] {
+            assert_eq!(
+                check(f, 1).unwrap_err().to_string(),
+                format!("{f} changes nothing at tp=1 (one rank holds the whole tensor)")
+            );
+            assert_eq!(check(f, 2), Ok(()));
+        }
+        for f in [
+            "none",
+            "kvb-concat",
+            "kvb-untransposed",
+            "vocab-unpadded",
+            "bf16-as-f16",
+        ] {
+            assert_eq!(check(f, 1), Ok(()), "{f}");
+        }
+    }
+
+    #[test]
+    fn an_unpadded_vocab_cut_zero_fills_the_short_last_rank() {
+        let full = Tensor::arange(0f32, 20., &candle_core::Device::Cpu)
+            .and_then(|t| t.reshape((10, 2)))
+            .expect("tensor");
+        let rows = |rank| {
+            unpadded_vocab_cut(10, 4, rank)
+                .apply(&full)
+                .and_then(|t| t.to_vec2::<f32>())
+                .expect("cut")
+        };
+        assert_eq!(rows(1), vec![vec![6., 7.], vec![8., 9.], vec![10., 11.]]);
+        assert_eq!(rows(3), vec![vec![18., 19.], vec![0., 0.], vec![0., 0.]]);
+    }
+
+    fn tiny() -> GgufModel {
+        let f =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny/tiny-F32.gguf");
+        GgufModel::open(&f).expect("fixture")
+    }
+
+    #[test]
+    fn injected_faults_hold_what_the_bug_leaves_and_are_explained() {
+        let model = tiny();
+        let cfg = ConfigReader::read(&model, crate::arch::ARCH)
+            .expect("config")
+            .config;
+        let plan = ShardPlan::new(&model, &cfg, 2);
+        let w = Weights::new(&model, &cfg, candle_core::Device::Cpu);
+        let o_proj = plan
+            .params
+            .iter()
+            .find(|p| p.def.role() == Some(Role::AttnOut))
+            .expect("an o_proj");
+        let full = w.vllm(&o_proj.param).expect("o_proj");
+        let shard = |r| {
+            o_proj
+                .shard(&full, r)
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1::<f32>())
+                .expect("shard")
+        };
+        let inject = |f: &Fault, rank| {
+            f.inject(o_proj, &full, &w, 2, rank, Dtype::F32)
+                .expect("inject")
+        };
+
+        let swapped = inject(&Fault::RankSwap(0, 1), 0);
+        assert_eq!(swapped.to_f32(), shard(1));
+        let e = Evidence {
+            p: o_proj,
+            full: &full,
+            w: &w,
+            tp: 2,
+            rank: 0,
+            actual: &swapped,
+            tol: 1e-6,
+        };
+        assert_eq!(explain(&e, &cfg), Explanation::HoldsShardOf(1));
+
+        let zeroed = inject(&Fault::ParamZeroed(o_proj.param.clone()), 1);
+        assert!(zeroed.to_f32().iter().all(|&x| x == 0.0));
+        assert_eq!(zeroed.to_f32().len(), shard(1).len());
+
+        let good = inject(&Fault::None, 1);
+        assert_eq!(good.to_f32(), shard(1));
+        let e = Evidence {
+            rank: 1,
+            actual: &good,
+            ..e
+        };
+        assert_eq!(
+            explain(&e, &cfg),
+            Explanation::Unexplained,
+            "the right shard carries no bug"
+        );
+
+        let mixed = Fault::Bf16AsF16
+            .inject(o_proj, &full, &w, 2, 0, Dtype::F32)
+            .expect("inject");
+        assert_eq!(mixed.dtype, Dtype::F16);
+        assert_eq!(
+            mixed.data,
+            encode(Dtype::BF16, &shard(0)),
+            "bf16 bits under an F16 label"
+        );
+    }
+
+    #[test]
+    fn a_dump_dtype_that_cannot_be_encoded_is_an_error_not_f32_bytes() {
+        let model = tiny();
+        let cfg = ConfigReader::read(&model, crate::arch::ARCH)
+            .expect("config")
+            .config;
+        let plan = ShardPlan::new(&model, &cfg, 1);
+        let w = Weights::new(&model, &cfg, candle_core::Device::Cpu);
+        let p = &plan.params[0];
+        let full = w.vllm(&p.param).expect("param");
+        for dtype in [Dtype::F64, Dtype::I32, Dtype::F8_E4M3] {
+            let e = Fault::None.inject(p, &full, &w, 1, 0, dtype).unwrap_err();
+            assert!(
+                e.to_string().contains("glmcheck writes F32, BF16 or F16"),
+                "{e}"
+            );
+        }
+        for dtype in [Dtype::F32, Dtype::BF16, Dtype::F16] {
+            let d = Fault::None
+                .inject(p, &full, &w, 1, 0, dtype)
+                .expect("encodes");
+            assert_eq!(d.dtype, dtype);
+            let width = if dtype == Dtype::F32 { 4 } else { 2 };
+            let n = p.shard(&full, 0).expect("shard").elem_count();
+            assert_eq!(
+                d.data.len(),
+                n * width,
+                "the vocab shard is padded, then encoded"
+            );
+        }
+    }
 }

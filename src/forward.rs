@@ -1,15 +1,16 @@
-//! `glmcheck forward` as a library call: run the model on a prompt, the next-token distribution, a
-//! greedy continuation, the capture as a dump, and (given a reference dump) the comparison, with
-//! the reference's top-k replayed at indexer ties ([`super::Aligner`]).
+//! The forward stage that `glmcheck forward` calls: run the model on a prompt, the next-token
+//! distribution, a greedy continuation, the capture as a dump, and (given a reference dump) the
+//! comparison, with the reference's top-k replayed at indexer ties ([`crate::activations::Aligner`]).
+//! (Moved from `activations/forward.rs`; `crate::activations::forward` still names it.)
 
 use std::collections::BTreeMap;
 
 use candle_core::{DType, Tensor};
 use serde::Serialize;
 
-pub use super::tp::{Runner, TpModel};
-use super::{compare, meta, ActError, Activations, Aligner, CompareOptions, Comparison};
-use super::{ComputeDtype, Tolerances};
+pub use crate::activations::tp::{Runner, TpModel};
+use crate::activations::{compare, meta, ActError, Activations, Aligner, CompareOptions};
+use crate::activations::{Comparison, ComputeDtype, Tolerances};
 use crate::gguf::GgmlType;
 use crate::model::{DsaMode, Glm5, ModelError, NoCapture};
 use crate::tokenizer::GgufTokenizer;
@@ -42,13 +43,13 @@ impl From<candle_core::Error> for ForwardError {
     }
 }
 
-/// The simulated tensor-parallel model (see [`super::tp`]).
+/// The simulated tensor-parallel model (see [`crate::activations::tp`]).
 pub fn tp_model(
     base: &Glm5,
     w: &crate::weights::Weights,
     plan: &crate::plan::ShardPlan,
     dump: Option<&crate::dump::RankDump>,
-) -> Result<TpModel, super::tp::TpError> {
+) -> Result<TpModel, crate::activations::tp::TpError> {
     TpModel::new(base, w, plan, dump)
 }
 
@@ -251,7 +252,7 @@ pub fn run(
             prob: probs[i],
         })
         .collect();
-    let entropy = super::entropy(&row);
+    let entropy = crate::activations::entropy(&row);
     let vocab = row.len();
 
     // Greedy continuation; the full forward is recomputed per token.
@@ -316,7 +317,7 @@ pub fn run(
         entropy,
         vocab,
         log_vocab: (vocab as f64).ln(),
-        garbage: super::garbage(entropy, vocab),
+        garbage: crate::activations::garbage(entropy, vocab),
         continuation_ids,
         continuation,
         stopped,
