@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use super::output::{emit, progress};
-use super::{open, Ctx, Outcome};
+use super::{open, CmdError, Ctx, Outcome};
 use crate::{report, scan};
 
 /// Dequantize tensors to f32 and report per-tensor statistics and decode throughput.
@@ -46,17 +46,17 @@ pub fn run(a: &DequantArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     let model = open(&a.file)?;
     let selected = scan::select(&model, &a.tensors);
     if model.tensor_count() == 0 {
-        anyhow::bail!(
-            "{} holds no tensors (a vocab-only GGUF?): nothing to dequantize",
-            a.file.display()
-        );
+        return Err(CmdError::NoTensors {
+            file: a.file.clone(),
+        }
+        .into());
     }
     if selected.is_empty() {
-        anyhow::bail!(
-            "no tensor of {} matches --tensor {}",
-            a.file.display(),
-            a.tensors.join(" --tensor ")
-        );
+        return Err(CmdError::NoTensorMatches {
+            file: a.file.clone(),
+            globs: a.tensors.clone(),
+        }
+        .into());
     }
     let total: u64 = selected.iter().map(|t| t.info.n_bytes).sum();
     let bar = progress(ctx.quiet, total);

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use super::args::{DiffDtype, TolFlags};
 use super::output::emit;
-use super::{Ctx, Outcome};
+use super::{CmdError, Ctx, Outcome};
 use crate::activations::{self, Activations, CompareOptions, ReferenceWeights, Tolerances};
 use crate::gguf::GgmlType;
 use crate::report;
@@ -58,8 +58,7 @@ pub fn run(a: &DiffArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     let (meta_dtype, meta_weights) = activations::profile_of(&c);
     let dtype = a.dtype.map_or(meta_dtype, Into::into);
     let weights = match &a.weights {
-        Some(w) => GgmlType::from_name(w)
-            .ok_or_else(|| anyhow::anyhow!("--weights: unknown GGML type `{w}`"))?,
+        Some(w) => GgmlType::from_name(w).ok_or_else(|| CmdError::UnknownWeightType(w.clone()))?,
         None => meta_weights,
     };
     // Two glmcheck dumps of the same GGUF hold the same weights; anything else is taken as the

@@ -7,7 +7,7 @@ use anyhow::Context;
 
 use super::args::{DsaArg, ForwardDtype, TolFlags};
 use super::output::emit_hf;
-use super::{hf_config_check, open, Ctx, Loaded, Outcome};
+use super::{hf_config_check, open, CmdError, Ctx, Loaded, Outcome};
 use crate::activations::{Activations, ComputeDtype, ReferenceWeights, Tolerances};
 use crate::dump::RankDump;
 use crate::forward::{self as fwd, ForwardSpec, Runner, TpModel};
@@ -223,27 +223,27 @@ fn token_ids(a: &ForwardArgs, tokenizer: Option<&GgufTokenizer>) -> anyhow::Resu
     let ids = match (&a.prompt, &a.tokens, tokenizer) {
         (Some(p), _, Some(t)) => t.encode(p)?,
         (_, Some(s), _) => parse_tokens(s)?,
-        _ => anyhow::bail!("give --prompt TEXT or --tokens IDS"),
+        _ => return Err(CmdError::NoPrompt.into()),
     };
     if ids.is_empty() {
-        anyhow::bail!("the prompt gives no tokens");
+        return Err(CmdError::EmptyPrompt.into());
     }
     Ok(ids)
 }
 
 /// `1,2,3` → ids.
-pub fn parse_tokens(s: &str) -> anyhow::Result<Vec<u32>> {
+pub fn parse_tokens(s: &str) -> Result<Vec<u32>, CmdError> {
     let ids = s
         .split(',')
         .map(str::trim)
         .filter(|x| !x.is_empty())
         .map(|x| {
             x.parse::<u32>()
-                .map_err(|_| anyhow::anyhow!("--tokens: `{x}` is not a token id"))
+                .map_err(|_| CmdError::BadTokenId(x.to_string()))
         })
-        .collect::<anyhow::Result<Vec<u32>>>()?;
+        .collect::<Result<Vec<u32>, CmdError>>()?;
     if ids.is_empty() {
-        anyhow::bail!("--tokens: no token ids given");
+        return Err(CmdError::NoTokenIds);
     }
     Ok(ids)
 }
@@ -253,16 +253,12 @@ fn load_reference(r: &Path, ids: &[u32]) -> anyhow::Result<Activations> {
     let acts = Activations::load(r)?;
     if let Some(rt) = &acts.tokens {
         if rt != ids {
-            anyhow::bail!(
-                "{} was made from tokens {:?}, this run has {:?}: pass --tokens {} to compare",
-                r.display(),
-                rt,
-                ids,
-                rt.iter()
-                    .map(|t| t.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            );
+            return Err(CmdError::OtherTokens {
+                file: r.to_path_buf(),
+                reference: rt.clone(),
+                run: ids.to_vec(),
+            }
+            .into());
         }
     }
     Ok(acts)
@@ -281,11 +277,12 @@ fn sharded(
         Some(dir) => {
             let d = RankDump::open(dir)?;
             if d.tp() != tp {
-                anyhow::bail!(
-                    "{} holds rank files up to rank {}, but --tp is {tp}",
-                    dir.display(),
-                    d.tp().saturating_sub(1)
-                );
+                return Err(CmdError::RankCount {
+                    dir: dir.clone(),
+                    ranks: d.tp(),
+                    tp,
+                }
+                .into());
             }
             Some(d)
         }
@@ -343,9 +340,8 @@ mod tests {
     #[test]
     fn token_lists_parse_and_bad_ones_are_refused() {
         assert_eq!(parse_tokens("1, 2,3,").expect("ids"), vec![1, 2, 3]);
-        let e = parse_tokens("1,x").unwrap_err().to_string();
-        assert_eq!(e, "--tokens: `x` is not a token id");
-        assert!(parse_tokens(" , ").is_err());
-        assert!(parse_tokens("-1").is_err());
+        assert_eq!(parse_tokens("1,x"), Err(CmdError::BadTokenId("x".into())));
+        assert_eq!(parse_tokens(" , "), Err(CmdError::NoTokenIds));
+        assert_eq!(parse_tokens("-1"), Err(CmdError::BadTokenId("-1".into())));
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use super::args::{DumpDtype, VllmNamesArg};
-use super::{open, Ctx, Loaded, Outcome};
+use super::{open, CmdError, Ctx, Loaded, Outcome};
 use crate::faults::Fault;
 use crate::{report, shards};
 
@@ -66,11 +66,12 @@ pub fn run(a: &InjectArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     let l = Loaded::new(open(&a.file)?)?;
     let plan = l.plan(tp);
     if let Some(p) = plan.params.iter().find(|p| !p.problems.is_empty()) {
-        anyhow::bail!(
-            "{} cannot be sharded at tp={tp}: {}",
-            p.param,
-            p.problems.join("; ")
-        );
+        return Err(CmdError::Unshardable {
+            param: p.param.clone(),
+            tp,
+            problems: p.problems.clone(),
+        }
+        .into());
     }
     let w = l.weights();
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
@@ -86,4 +87,70 @@ pub fn run(a: &InjectArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         eprintln!("{}", report::injected(written.len(), &a.out, &fault));
     }
     Ok(Outcome::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(fault: &str, tp: u16, dtype: DumpDtype, out: &std::path::Path) -> InjectArgs {
+        InjectArgs {
+            file: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("fixtures/tiny/tiny-F32.gguf"),
+            fault: fault.into(),
+            layer: None,
+            params: Vec::new(),
+            tp,
+            out: out.to_path_buf(),
+            dtype,
+            vllm_names: VllmNamesArg::V033,
+        }
+    }
+
+    fn quiet() -> Ctx {
+        Ctx {
+            quiet: true,
+            ..Ctx::default()
+        }
+    }
+
+    #[test]
+    fn every_dump_dtype_is_honoured() {
+        for (arg, want) in [
+            (DumpDtype::F32, safetensors::Dtype::F32),
+            (DumpDtype::Bf16, safetensors::Dtype::BF16),
+            (DumpDtype::F16, safetensors::Dtype::F16),
+        ] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let out = dir.path().join("dump");
+            assert_eq!(
+                run(&args("none", 2, arg, &out), &quiet()).expect("inject"),
+                Outcome::Ok
+            );
+            for r in 0..2 {
+                let bytes =
+                    std::fs::read(out.join(format!("rank{r}.safetensors"))).expect("rank file");
+                let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+                assert!(st.len() > 10);
+                for (name, t) in st.tensors() {
+                    assert_eq!(t.dtype(), want, "{name} at rank {r}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_fault_writes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("dump");
+        let e = run(&args("rank-swap:0,2", 2, DumpDtype::F32, &out), &quiet()).unwrap_err();
+        assert_eq!(e.to_string(), "rank-swap:0,2 needs tp > 2");
+        let e = run(&args("kvb", 2, DumpDtype::F32, &out), &quiet()).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("unknown fault `kvb`; known: none, "),
+            "{e}"
+        );
+        assert!(!out.exists());
+    }
 }

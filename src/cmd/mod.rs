@@ -1,11 +1,22 @@
 //! The commands: each file parses nothing (clap did), calls the library's stages and returns a
 //! typed [`Outcome`]; the binary maps it to the exit code (0 ok, 1 finding, 2 unreadable or
 //! malformed input, which is every `Err`).
+//!
+//! How to add a command: a file here with a `#[derive(clap::Args)]` struct (its doc comment is the
+//! command's help; `after_help` its examples and exit codes), an `inputs()` listing what it reads
+//! (a `--report` is never written over those), and `run(&Args, &Ctx) -> anyhow::Result<Outcome>`
+//! that calls the stages, hands the result to [`output::emit`] with a renderer from
+//! `crate::report`, and turns the stage's typed verdict into an [`Outcome`]; then one variant in
+//! the binary's `Command` enum and one arm in its dispatch.
+
+// The Args structs' doc comments are clap's --help text, where `rank<r>.safetensors` is literal.
+#![allow(rustdoc::invalid_html_tags)]
 
 pub mod args;
 pub mod completions;
 pub mod dequant;
 pub mod diff;
+mod error;
 pub mod forward;
 pub mod inject;
 pub mod inspect;
@@ -13,6 +24,8 @@ pub mod output;
 pub mod shards;
 
 use std::path::{Path, PathBuf};
+
+pub use error::CmdError;
 
 use crate::activations::CmpVerdict;
 use crate::arch::config::ConfigReader;

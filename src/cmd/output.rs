@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::Ctx;
+use super::{CmdError, Ctx};
 use crate::arch::hf_config::HfConfigCheck;
 use crate::report;
 
@@ -116,16 +116,10 @@ fn write_report(
     let canon = |p: &Path| std::fs::canonicalize(p).ok();
     if let Some(target) = canon(path) {
         if inputs.iter().any(|i| canon(i).as_ref() == Some(&target)) {
-            anyhow::bail!(
-                "--report {}: refusing to overwrite an input of this command",
-                path.display()
-            );
+            return Err(CmdError::ReportOverInput(path.to_path_buf()).into());
         }
         if holds_model_data(path) {
-            anyhow::bail!(
-                "--report {}: refusing to overwrite an existing GGUF or safetensors file",
-                path.display()
-            );
+            return Err(CmdError::ReportOverModelData(path.to_path_buf()).into());
         }
     }
     let body = serde_json::to_vec_pretty(value).context("encoding the report")?;

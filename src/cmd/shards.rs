@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use super::args::ProvenanceArg;
 use super::output::{emit_hf, progress};
-use super::{hf_config_check, open, Ctx, Loaded, Outcome};
+use super::{hf_config_check, open, CmdError, Ctx, Loaded, Outcome};
 use crate::arch::hf_config::HfConfigCheck;
 use crate::dump::RankDump;
 use crate::plan::{ParamPlan, ShardPlan};
@@ -101,7 +101,7 @@ pub fn run(a: &ShardsArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         mtp_blocks: plan.mtp_blocks.clone(),
     };
     if selected.params.is_empty() {
-        anyhow::bail!("no parameter matches the --layer/--tensor filters");
+        return Err(CmdError::NoParamMatches.into());
     }
     let w = l.weights();
     let o = if a.verify {

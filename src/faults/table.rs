@@ -1,6 +1,10 @@
 //! The one table of known faults: each one's name, parameter syntax, one-line description and the
 //! smallest tp at which it changes anything. Parsing (`FromStr`), printing (`Display`),
 //! [`Fault::cause`], [`Fault::check_tp`] and the list in `inject --help` all read it.
+//!
+//! How to add a fault: a variant of [`Fault`], one entry in [`FAULTS`], then what the compiler asks
+//! for: its default targets ([`Fault::targets`]) and what a rank holds under it ([`Fault::inject`]);
+//! if a dump can show it, a signature in [`super::explain`].
 
 use std::str::FromStr;
 
