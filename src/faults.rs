@@ -15,7 +15,7 @@ use crate::scan::glob_match;
 use crate::weights::{WeightError, Weights};
 
 mod table;
-pub use table::{fault_list, FaultError, FaultSpec, Make, FAULTS};
+pub use table::{fault_list, FaultError, FaultSpec, Hits, Make, FAULTS};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
@@ -43,18 +43,17 @@ pub enum Fault {
 
 impl Fault {
     /// The parameters this bug touches by default.
+    /// (The table's [`Hits`] of this fault.)
     pub fn targets(&self, p: &ParamPlan) -> bool {
-        let role = p.def.role();
-        match self {
-            Fault::None => false,
-            Fault::KvbConcat | Fault::KvbUntransposed => role == Some(Role::AttnKvB),
-            Fault::RankSwap(..) | Fault::WrongDim => role == Some(Role::AttnOut),
-            Fault::MergedRank0 | Fault::MergedMidsplit => {
-                matches!(p.style, TpStyle::MergedColumn | TpStyle::MoeW13)
-            }
-            Fault::ParamZeroed(g) => glob_match(g, &p.param),
-            Fault::VocabUnpadded => p.style == TpStyle::Vocab,
-            Fault::Bf16AsF16 => true,
+        match self.spec().hits {
+            Hits::Nothing => false,
+            Hits::Role(r) => p.def.role() == Some(r),
+            Hits::Styles(styles) => styles.contains(&p.style),
+            Hits::Glob => match self {
+                Fault::ParamZeroed(g) => glob_match(g, &p.param),
+                _ => false,
+            },
+            Hits::All => true,
         }
     }
 
@@ -474,6 +473,51 @@ mod tests {
             encode(Dtype::BF16, &shard(0)),
             "bf16 bits under an F16 label"
         );
+    }
+
+    #[test]
+    fn each_fault_hits_the_parameters_its_table_entry_names() {
+        let model = tiny();
+        let cfg = ConfigReader::read(&model, crate::arch::ARCH)
+            .expect("config")
+            .config;
+        let plan = ShardPlan::new(&model, &cfg, 2);
+        let hit = |f: &str| -> Vec<String> {
+            let f: Fault = f.parse().expect("fault");
+            plan.params
+                .iter()
+                .filter(|p| f.targets(p))
+                .map(|p| p.param.clone())
+                .collect()
+        };
+        let all_end = |names: &[String], suffixes: &[&str]| {
+            !names.is_empty()
+                && names
+                    .iter()
+                    .all(|n| suffixes.iter().any(|s| n.ends_with(s)))
+        };
+        assert!(hit("none").is_empty());
+        assert!(all_end(&hit("kvb-concat"), &["self_attn.kv_b_proj.weight"]));
+        assert_eq!(hit("kvb-concat"), hit("kvb-untransposed"));
+        assert!(all_end(&hit("rank-swap:0,1"), &["self_attn.o_proj.weight"]));
+        assert_eq!(hit("rank-swap:0,1"), hit("wrong-dim"));
+        assert!(all_end(
+            &hit("merged-rank0"),
+            &[
+                "gate_up_proj.weight",
+                "w13_weight",
+                "routed_experts.w13_weight"
+            ]
+        ));
+        assert_eq!(
+            hit("vocab-unpadded"),
+            ["model.embed_tokens.weight", "lm_head.weight"]
+        );
+        assert!(all_end(
+            &hit("param-zeroed:*.mlp.gate.weight"),
+            &[".mlp.gate.weight"]
+        ));
+        assert_eq!(hit("bf16-as-f16").len(), plan.params.len());
     }
 
     #[test]

@@ -9,6 +9,7 @@
 use std::str::FromStr;
 
 use super::Fault;
+use crate::arch::glm_dsa::{Role, TpStyle};
 
 /// The parameter a fault takes after its name, and how the fault is built from it.
 pub enum Make {
@@ -40,12 +41,26 @@ impl Make {
     }
 }
 
-/// One known loader bug: its name, parameter syntax, what it does, and the smallest tp at which it
-/// changes anything.
+/// Which parameters a fault hits by default (`inject --param` narrows or widens it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hits {
+    Nothing,
+    /// The parameters of this role.
+    Role(Role),
+    /// The parameters cut in one of these TP styles.
+    Styles(&'static [TpStyle]),
+    /// The parameters matching the fault's own glob.
+    Glob,
+    All,
+}
+
+/// One known loader bug: its name, parameter syntax, what it does, what it hits and the smallest tp
+/// at which it changes anything.
 pub struct FaultSpec {
     pub name: &'static str,
     pub make: Make,
     pub about: &'static str,
+    pub hits: Hits,
     pub min_tp: usize,
 }
 
@@ -56,6 +71,9 @@ impl FaultSpec {
     }
 }
 
+/// The merged column-parallel styles ([gate; up] and the experts' w13).
+const MERGED: &[TpStyle] = &[TpStyle::MergedColumn, TpStyle::MoeW13];
+
 /// Every known fault, in the order `--help` lists them. Parsing, `--help`, [`Fault::cause`] and
 /// [`Fault::check_tp`] read this table; nothing else spells a fault's name.
 pub static FAULTS: [FaultSpec; 10] = [
@@ -63,60 +81,70 @@ pub static FAULTS: [FaultSpec; 10] = [
         name: "none",
         make: Make::Plain(Fault::None),
         about: "the correct dump",
+        hits: Hits::Nothing,
         min_tp: 1,
     },
     FaultSpec {
         name: "kvb-concat",
         make: Make::Plain(Fault::KvbConcat),
         about: "kv_b_proj rebuilt as all heads' k_nope rows, then all heads' v rows",
+        hits: Hits::Role(Role::AttnKvB),
         min_tp: 1,
     },
     FaultSpec {
         name: "kvb-untransposed",
         make: Make::Plain(Fault::KvbUntransposed),
         about: "kv_b_proj built from attn_k_b reshaped instead of transposed back",
+        hits: Hits::Role(Role::AttnKvB),
         min_tp: 1,
     },
     FaultSpec {
         name: "rank-swap",
         make: Make::Ranks(Fault::RankSwap),
         about: "ranks A and B hold each other's shards",
+        hits: Hits::Role(Role::AttnOut),
         min_tp: 2,
     },
     FaultSpec {
         name: "merged-rank0",
         make: Make::Plain(Fault::MergedRank0),
         about: "every rank holds shard 0 of merged layers (tp rank ignored while loading)",
+        hits: Hits::Styles(MERGED),
         min_tp: 2,
     },
     FaultSpec {
         name: "merged-midsplit",
         make: Make::Plain(Fault::MergedMidsplit),
         about: "a merged gate/up cut at the midpoint of the concatenation",
+        hits: Hits::Styles(MERGED),
         min_tp: 2,
     },
     FaultSpec {
         name: "param-zeroed",
         make: Make::Glob(Fault::ParamZeroed),
         about: "parameters matching GLOB left at zero (never loaded)",
+        hits: Hits::Glob,
         min_tp: 1,
     },
     FaultSpec {
         name: "wrong-dim",
         make: Make::Plain(Fault::WrongDim),
         about: "shards cut along the wrong dimension",
+        hits: Hits::Role(Role::AttnOut),
         min_tp: 2,
     },
     FaultSpec {
         name: "vocab-unpadded",
         make: Make::Plain(Fault::VocabUnpadded),
         about: "vocab shards sized unpadded/tp (no padding to ×64)",
+        hits: Hits::Styles(&[TpStyle::Vocab]),
         min_tp: 1,
     },
     FaultSpec {
         name: "bf16-as-f16",
         make: Make::Plain(Fault::Bf16AsF16),
         about: "bf16 bits stored (and read) as fp16",
+        hits: Hits::All,
         min_tp: 1,
     },
 ];
