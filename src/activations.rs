@@ -26,7 +26,7 @@
 //! [`forward`]: `glmcheck forward` as a library call (next tokens, greedy continuation, dump,
 //! comparison). [`tp`]: the forward as vLLM's tensor-parallel ranks compute it.
 
-pub mod forward;
+pub use crate::forward;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};

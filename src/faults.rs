@@ -1,8 +1,7 @@
 //! Known silent loader bugs. Each is one value with `inject` (what a loader with that bug leaves in a
 //! rank's memory) and `explains` (does a rank's corrupt tensor carry this bug's signature). `shards
 //! --against` and `inject` both use these, so a demo, a test and a diagnosis mean the same thing.
-
-use std::str::FromStr;
+//! Names, parameter syntax and descriptions live in one table ([`FAULTS`], in `faults/table.rs`).
 
 use candle_core::{DType, Tensor};
 use safetensors::Dtype;
@@ -14,6 +13,9 @@ use crate::dump::{encode, DumpTensor};
 use crate::plan::{Cut, ParamPlan};
 use crate::scan::glob_match;
 use crate::weights::{WeightError, Weights};
+
+mod table;
+pub use table::{fault_list, FaultError, FaultSpec, Hits, Make, FAULTS};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
@@ -39,106 +41,19 @@ pub enum Fault {
     Bf16AsF16,
 }
 
-pub const FAULT_NAMES: &[&str] = &[
-    "none",
-    "kvb-concat",
-    "kvb-untransposed",
-    "rank-swap:A,B",
-    "merged-rank0",
-    "merged-midsplit",
-    "param-zeroed:GLOB",
-    "wrong-dim",
-    "vocab-unpadded",
-    "bf16-as-f16",
-];
-
-impl FromStr for Fault {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "none" => Fault::None,
-            "kvb-concat" => Fault::KvbConcat,
-            "kvb-untransposed" => Fault::KvbUntransposed,
-            "merged-rank0" => Fault::MergedRank0,
-            "merged-midsplit" => Fault::MergedMidsplit,
-            "wrong-dim" => Fault::WrongDim,
-            "vocab-unpadded" => Fault::VocabUnpadded,
-            "bf16-as-f16" => Fault::Bf16AsF16,
-            _ => {
-                if let Some(ab) = s.strip_prefix("rank-swap:") {
-                    let (a, b) = ab
-                        .split_once(',')
-                        .ok_or_else(|| format!("`{s}`: expected rank-swap:A,B"))?;
-                    let parse = |x: &str| {
-                        x.trim()
-                            .parse::<usize>()
-                            .map_err(|_| format!("`{s}`: `{x}` is not a rank number"))
-                    };
-                    let (a, b) = (parse(a)?, parse(b)?);
-                    if a == b {
-                        return Err(format!("`{s}`: the two ranks must differ"));
-                    }
-                    Fault::RankSwap(a, b)
-                } else if let Some(g) = s.strip_prefix("param-zeroed:") {
-                    if g.is_empty() {
-                        return Err(format!("`{s}`: expected param-zeroed:GLOB"));
-                    }
-                    Fault::ParamZeroed(g.to_string())
-                } else {
-                    return Err(format!(
-                        "unknown fault `{s}`; known: {}",
-                        FAULT_NAMES.join(", ")
-                    ));
-                }
-            }
-        })
-    }
-}
-
 impl Fault {
-    /// The cause name reported by `--against` (the fault's name without arguments).
-    pub fn cause(&self) -> &'static str {
-        match self {
-            Fault::None => "none",
-            Fault::KvbConcat => "kvb-concat",
-            Fault::KvbUntransposed => "kvb-untransposed",
-            Fault::RankSwap(..) => "rank-swap",
-            Fault::MergedRank0 => "merged-rank0",
-            Fault::MergedMidsplit => "merged-midsplit",
-            Fault::ParamZeroed(_) => "param-zeroed",
-            Fault::WrongDim => "wrong-dim",
-            Fault::VocabUnpadded => "vocab-unpadded",
-            Fault::Bf16AsF16 => "bf16-as-f16",
-        }
-    }
-
     /// The parameters this bug touches by default.
+    /// (The table's [`Hits`] of this fault.)
     pub fn targets(&self, p: &ParamPlan) -> bool {
-        let role = p.def.role();
-        match self {
-            Fault::None => false,
-            Fault::KvbConcat | Fault::KvbUntransposed => role == Some(Role::AttnKvB),
-            Fault::RankSwap(..) | Fault::WrongDim => role == Some(Role::AttnOut),
-            Fault::MergedRank0 | Fault::MergedMidsplit => {
-                matches!(p.style, TpStyle::MergedColumn | TpStyle::MoeW13)
-            }
-            Fault::ParamZeroed(g) => glob_match(g, &p.param),
-            Fault::VocabUnpadded => p.style == TpStyle::Vocab,
-            Fault::Bf16AsF16 => true,
-        }
-    }
-
-    /// Refuses a fault that would change nothing (or is impossible) at this tp.
-    pub fn check_tp(&self, tp: usize) -> Result<(), String> {
-        match self {
-            Fault::RankSwap(a, b) if *a >= tp || *b >= tp => {
-                Err(format!("rank-swap:{a},{b} needs tp > {}", a.max(b)))
-            }
-            Fault::MergedRank0 | Fault::MergedMidsplit | Fault::WrongDim if tp < 2 => Err(format!(
-                "{} changes nothing at tp=1 (one rank holds the whole tensor)",
-                self.cause()
-            )),
-            _ => Ok(()),
+        match self.spec().hits {
+            Hits::Nothing => false,
+            Hits::Role(r) => p.def.role() == Some(r),
+            Hits::Styles(styles) => styles.contains(&p.style),
+            Hits::Glob => match self {
+                Fault::ParamZeroed(g) => glob_match(g, &p.param),
+                _ => false,
+            },
+            Hits::All => true,
         }
     }
 
@@ -168,6 +83,12 @@ impl Fault {
                 data: encode(dtype, &v),
             })
         };
+        if !matches!(dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+            // Every value is encoded from f32: any other dtype would be f32 bytes under its label.
+            return Err(candle(candle_core::Error::Msg(format!(
+                "cannot write a {dtype:?} dump: glmcheck writes F32, BF16 or F16"
+            ))));
+        }
         if !self.targets(p) {
             return out(p.shard(full, rank).map_err(candle)?, dtype);
         }
@@ -457,4 +378,177 @@ pub fn explain(e: &Evidence<'_>, _c: &Config) -> Explanation {
         }
     }
     Explanation::Unexplained
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::config::ConfigReader;
+    use crate::gguf::GgufModel;
+    use crate::plan::ShardPlan;
+
+    #[test]
+    fn an_unpadded_vocab_cut_zero_fills_the_short_last_rank() {
+        let full = Tensor::arange(0f32, 20., &candle_core::Device::Cpu)
+            .and_then(|t| t.reshape((10, 2)))
+            .expect("tensor");
+        let rows = |rank| {
+            unpadded_vocab_cut(10, 4, rank)
+                .apply(&full)
+                .and_then(|t| t.to_vec2::<f32>())
+                .expect("cut")
+        };
+        assert_eq!(rows(1), vec![vec![6., 7.], vec![8., 9.], vec![10., 11.]]);
+        assert_eq!(rows(3), vec![vec![18., 19.], vec![0., 0.], vec![0., 0.]]);
+    }
+
+    fn tiny() -> GgufModel {
+        let f =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny/tiny-F32.gguf");
+        GgufModel::open(&f).expect("fixture")
+    }
+
+    #[test]
+    fn injected_faults_hold_what_the_bug_leaves_and_are_explained() {
+        let model = tiny();
+        let cfg = ConfigReader::read(&model, crate::arch::ARCH)
+            .expect("config")
+            .config;
+        let plan = ShardPlan::new(&model, &cfg, 2);
+        let w = Weights::new(&model, &cfg, candle_core::Device::Cpu);
+        let o_proj = plan
+            .params
+            .iter()
+            .find(|p| p.def.role() == Some(Role::AttnOut))
+            .expect("an o_proj");
+        let full = w.vllm(&o_proj.param).expect("o_proj");
+        let shard = |r| {
+            o_proj
+                .shard(&full, r)
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1::<f32>())
+                .expect("shard")
+        };
+        let inject = |f: &Fault, rank| {
+            f.inject(o_proj, &full, &w, 2, rank, Dtype::F32)
+                .expect("inject")
+        };
+
+        let swapped = inject(&Fault::RankSwap(0, 1), 0);
+        assert_eq!(swapped.to_f32(), shard(1));
+        let e = Evidence {
+            p: o_proj,
+            full: &full,
+            w: &w,
+            tp: 2,
+            rank: 0,
+            actual: &swapped,
+            tol: 1e-6,
+        };
+        assert_eq!(explain(&e, &cfg), Explanation::HoldsShardOf(1));
+
+        let zeroed = inject(&Fault::ParamZeroed(o_proj.param.clone()), 1);
+        assert!(zeroed.to_f32().iter().all(|&x| x == 0.0));
+        assert_eq!(zeroed.to_f32().len(), shard(1).len());
+
+        let good = inject(&Fault::None, 1);
+        assert_eq!(good.to_f32(), shard(1));
+        let e = Evidence {
+            rank: 1,
+            actual: &good,
+            ..e
+        };
+        assert_eq!(
+            explain(&e, &cfg),
+            Explanation::Unexplained,
+            "the right shard carries no bug"
+        );
+
+        let mixed = Fault::Bf16AsF16
+            .inject(o_proj, &full, &w, 2, 0, Dtype::F32)
+            .expect("inject");
+        assert_eq!(mixed.dtype, Dtype::F16);
+        assert_eq!(
+            mixed.data,
+            encode(Dtype::BF16, &shard(0)),
+            "bf16 bits under an F16 label"
+        );
+    }
+
+    #[test]
+    fn each_fault_hits_the_parameters_its_table_entry_names() {
+        let model = tiny();
+        let cfg = ConfigReader::read(&model, crate::arch::ARCH)
+            .expect("config")
+            .config;
+        let plan = ShardPlan::new(&model, &cfg, 2);
+        let hit = |f: &str| -> Vec<String> {
+            let f: Fault = f.parse().expect("fault");
+            plan.params
+                .iter()
+                .filter(|p| f.targets(p))
+                .map(|p| p.param.clone())
+                .collect()
+        };
+        let all_end = |names: &[String], suffixes: &[&str]| {
+            !names.is_empty()
+                && names
+                    .iter()
+                    .all(|n| suffixes.iter().any(|s| n.ends_with(s)))
+        };
+        assert!(hit("none").is_empty());
+        assert!(all_end(&hit("kvb-concat"), &["self_attn.kv_b_proj.weight"]));
+        assert_eq!(hit("kvb-concat"), hit("kvb-untransposed"));
+        assert!(all_end(&hit("rank-swap:0,1"), &["self_attn.o_proj.weight"]));
+        assert_eq!(hit("rank-swap:0,1"), hit("wrong-dim"));
+        assert!(all_end(
+            &hit("merged-rank0"),
+            &[
+                "gate_up_proj.weight",
+                "w13_weight",
+                "routed_experts.w13_weight"
+            ]
+        ));
+        assert_eq!(
+            hit("vocab-unpadded"),
+            ["model.embed_tokens.weight", "lm_head.weight"]
+        );
+        assert!(all_end(
+            &hit("param-zeroed:*.mlp.gate.weight"),
+            &[".mlp.gate.weight"]
+        ));
+        assert_eq!(hit("bf16-as-f16").len(), plan.params.len());
+    }
+
+    #[test]
+    fn a_dump_dtype_that_cannot_be_encoded_is_an_error_not_f32_bytes() {
+        let model = tiny();
+        let cfg = ConfigReader::read(&model, crate::arch::ARCH)
+            .expect("config")
+            .config;
+        let plan = ShardPlan::new(&model, &cfg, 1);
+        let w = Weights::new(&model, &cfg, candle_core::Device::Cpu);
+        let p = &plan.params[0];
+        let full = w.vllm(&p.param).expect("param");
+        for dtype in [Dtype::F64, Dtype::I32, Dtype::F8_E4M3] {
+            let e = Fault::None.inject(p, &full, &w, 1, 0, dtype).unwrap_err();
+            assert!(
+                e.to_string().contains("glmcheck writes F32, BF16 or F16"),
+                "{e}"
+            );
+        }
+        for dtype in [Dtype::F32, Dtype::BF16, Dtype::F16] {
+            let d = Fault::None
+                .inject(p, &full, &w, 1, 0, dtype)
+                .expect("encodes");
+            assert_eq!(d.dtype, dtype);
+            let width = if dtype == Dtype::F32 { 4 } else { 2 };
+            let n = p.shard(&full, 0).expect("shard").elem_count();
+            assert_eq!(
+                d.data.len(),
+                n * width,
+                "the vocab shard is padded, then encoded"
+            );
+        }
+    }
 }

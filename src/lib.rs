@@ -1,13 +1,16 @@
 //! glmcheck: find out why a GLM-5 (`glm-dsa`) deployment that loads fine still produces garbage.
 //!
 //! Data flows one way: [`gguf`] (read, mmap) → [`arch`] (the one name table, config) → [`weights`]
-//! (logical tensors) → later stages. Commands are thin glue in the binary.
+//! (logical tensors) → later stages. Commands ([`cmd`]) are thin: each calls the stages and returns a
+//! typed outcome that the binary maps to the exit code.
 
 pub mod activations;
 pub mod arch;
+pub mod cmd;
 pub mod compare;
 pub mod dump;
 pub mod faults;
+pub mod forward;
 pub mod fuzzing;
 pub mod gguf;
 pub mod inspect;

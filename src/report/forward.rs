@@ -41,7 +41,7 @@ pub fn forward_text(o: &ForwardOutcome, all_modules: bool) -> String {
         "compute {}, weights {} (coarsest matrix type); {}\n",
         o.dtype.name(),
         o.weights.name,
-        o.dsa.message
+        super::notes::dsa_message(&o.dsa)
     ));
     for n in &o.notes {
         out.push_str(&format!("{n}\n"));
@@ -80,9 +80,10 @@ pub fn forward_text(o: &ForwardOutcome, all_modules: bool) -> String {
             } else {
                 "s"
             },
-            o.stopped
-                .as_deref()
-                .map_or(String::new(), |s| format!(", stopped at {s}")),
+            o.stopped.map_or(String::new(), |s| format!(
+                ", stopped at {}",
+                super::notes::stop_text(s)
+            )),
             o.continuation
                 .as_deref()
                 .map_or("(no tokenizer in the GGUF)".into(), quoted),
@@ -425,14 +426,14 @@ pub fn forward_json(o: &ForwardOutcome) -> Value {
         "token_texts": o.token_texts,
         "dtype": o.dtype,
         "weights": o.weights,
-        "dsa": o.dsa,
+        "dsa": super::notes::dsa_json(&o.dsa),
         "top": o.top,
         "entropy": o.entropy,
         "log_vocab": o.log_vocab,
         "garbage": o.garbage,
         "continuation": o.continuation,
         "continuation_ids": o.continuation_ids,
-        "stopped": o.stopped,
+        "stopped": o.stopped.map(super::notes::stop_text),
         "replayed": o.replayed,
         "tp": o.tp,
         "notes": o.notes,

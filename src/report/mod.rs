@@ -2,8 +2,11 @@
 
 pub mod forward;
 pub mod hf_config;
+pub mod notes;
 
 use comfy_table::{presets, ContentArrangement, Table};
+
+pub use notes::*;
 
 use crate::inspect::InspectReport;
 use crate::scan::TensorStats;

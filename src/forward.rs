@@ -1,14 +1,15 @@
-//! `glmcheck forward` as a library call: run the model on a prompt, the next-token distribution, a
-//! greedy continuation, the capture as a dump, and (given a reference dump) the comparison, with
-//! the reference's top-k replayed at indexer ties ([`super::Aligner`]).
+//! The forward stage that `glmcheck forward` calls: run the model on a prompt, the next-token
+//! distribution, a greedy continuation, the capture as a dump, and (given a reference dump) the
+//! comparison, with the reference's top-k replayed at indexer ties ([`crate::activations::Aligner`]).
+//! (Moved from `activations/forward.rs`; `crate::activations::forward` still names it.)
 
 use std::collections::BTreeMap;
 
 use candle_core::{DType, Tensor};
 use serde::Serialize;
 
-use super::{compare, meta, ActError, Activations, Aligner, CompareOptions, Comparison};
-use super::{ComputeDtype, Tolerances};
+use crate::activations::{compare, meta, ActError, Activations, Aligner, CompareOptions};
+use crate::activations::{Comparison, ComputeDtype, Tolerances};
 use crate::gguf::GgmlType;
 use crate::model::{DsaMode, Glm5, ModelError, NoCapture};
 use crate::tokenizer::GgufTokenizer;
@@ -68,7 +69,7 @@ pub struct TopToken {
     pub prob: f64,
 }
 
-/// What DSA mode means for this prompt.
+/// What DSA mode means for this prompt (worded by `report::notes::dsa_message`).
 #[derive(Debug, Clone, Serialize)]
 pub struct DsaNote {
     pub mode: &'static str,
@@ -76,7 +77,26 @@ pub struct DsaNote {
     pub tokens: usize,
     /// Dense and sparse give the same output on this prompt.
     pub identical: bool,
-    pub message: String,
+    /// Tokens of greedy continuation asked for (dense and sparse may part once the sequence
+    /// passes `index_topk`).
+    #[serde(skip)]
+    pub new_tokens: usize,
+}
+
+/// Why the greedy continuation stopped before `max_new_tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The tokenizer's end-of-generation token was produced.
+    EndOfGeneration(u32),
+    /// The sequence reached the model's `max_position_embeddings`.
+    MaxPositions,
+}
+
+impl Serialize for Stop {
+    /// As the report words it (`"end-of-generation token 7"`).
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&crate::report::notes::stop_text(*self))
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -96,7 +116,7 @@ pub struct ForwardOutcome {
     pub continuation_ids: Vec<u32>,
     pub continuation: Option<String>,
     /// Why the continuation stopped early, if it did.
-    pub stopped: Option<String>,
+    pub stopped: Option<Stop>,
     /// `"<indexer path>:<position>"` where the reference's top-k was replayed at a tie.
     pub replayed: Vec<String>,
     /// Simulated tensor-parallel degree (`None`: the unsharded forward).
@@ -114,36 +134,12 @@ pub struct ForwardOutcome {
 fn dsa_note(model: &Glm5, t: usize, new: usize) -> DsaNote {
     let k = model.config().index_topk;
     let dense = model.dsa_mode() == DsaMode::Dense;
-    let identical = t <= k;
-    let message = match (dense, identical) {
-        (true, true) => {
-            let mut m = format!(
-                "--dsa dense is identical to sparse on this prompt: with {t} tokens ≤ index_topk {k} the \
-                 indexer selects every visible key, so its mask equals the causal mask"
-            );
-            if t + new > k && new > 0 {
-                m.push_str(&format!(
-                    "; the continuation passes {k} tokens, from there on the two may differ"
-                ));
-            }
-            m
-        }
-        (true, false) => format!(
-            "--dsa dense differs from GLM-5's sparse attention on this prompt: positions ≥ {k} attend to \
-             every earlier key instead of their indexer's top-{k} (transformers runs sparse)"
-        ),
-        (false, true) => format!(
-            "sparse (DSA) attention; with {t} tokens ≤ index_topk {k} every visible key is selected, \
-             so it equals dense attention here"
-        ),
-        (false, false) => format!("sparse (DSA) attention: each query attends to its indexer's top-{k} keys"),
-    };
     DsaNote {
         mode: if dense { "dense" } else { "sparse" },
         index_topk: k,
         tokens: t,
-        identical,
-        message,
+        identical: t <= k,
+        new_tokens: new,
     }
 }
 
@@ -173,6 +169,83 @@ fn argmax(row: &[f32]) -> u32 {
     best.0 as u32
 }
 
+/// The dump's metadata: producer, compute dtype, weight type, DSA mode and the GGUF.
+fn metadata(spec: &ForwardSpec, dsa: DsaMode) -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    m.insert(
+        meta::PRODUCER.to_string(),
+        format!("glmcheck {}", env!("CARGO_PKG_VERSION")),
+    );
+    m.insert(meta::DTYPE.to_string(), spec.dtype.name().to_string());
+    m.insert(meta::WEIGHTS.to_string(), spec.weights.name.to_string());
+    let dsa = match dsa {
+        DsaMode::Dense => "dense",
+        DsaMode::Sparse => "sparse",
+    };
+    m.insert(meta::DSA.to_string(), dsa.to_string());
+    m.insert(meta::GGUF.to_string(), spec.gguf.clone());
+    m
+}
+
+/// The `n` most likely next tokens (ties by id).
+fn top_tokens(probs: &[f64], n: usize, tokenizer: Option<&GgufTokenizer>) -> Vec<TopToken> {
+    let mut order: Vec<usize> = (0..probs.len()).collect();
+    order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+    order
+        .iter()
+        .take(n)
+        .map(|&i| TopToken {
+            id: i as u32,
+            text: tokenizer.and_then(|t| t.token_text(i as u32)),
+            prob: probs[i],
+        })
+        .collect()
+}
+
+/// Greedy continuation from `first` (the argmax after the prompt); the full forward is
+/// recomputed per token.
+fn continue_greedy(
+    model: &Glm5,
+    tokenizer: Option<&GgufTokenizer>,
+    tokens: &[u32],
+    first: u32,
+    max_new_tokens: usize,
+) -> Result<(Vec<u32>, Option<Stop>), ForwardError> {
+    let ends = tokenizer.map(|t| t.end_ids()).unwrap_or_default();
+    let max_pos = model.config().max_position_embeddings.max(1);
+    let mut seq = tokens.to_vec();
+    let mut next = first;
+    let mut ids = Vec::new();
+    for step in 0..max_new_tokens {
+        ids.push(next);
+        seq.push(next);
+        if ends.contains(&next) {
+            return Ok((ids, Some(Stop::EndOfGeneration(next))));
+        }
+        if step + 1 == max_new_tokens {
+            break;
+        }
+        if seq.len() >= max_pos {
+            return Ok((ids, Some(Stop::MaxPositions)));
+        }
+        let l = model.forward(&seq, &mut NoCapture)?;
+        next = argmax(&last_row(&l)?);
+    }
+    Ok((ids, None))
+}
+
+/// The best of `n` plain forwards of `tokens`, seconds (`None` for n = 0).
+fn bench(model: &Glm5, tokens: &[u32], n: usize) -> Result<Option<f64>, ForwardError> {
+    let mut best = None;
+    for _ in 0..n {
+        let start = std::time::Instant::now();
+        model.forward(tokens, &mut NoCapture)?;
+        let s = start.elapsed().as_secs_f64();
+        best = Some(best.map_or(s, |b: f64| b.min(s)));
+    }
+    Ok(best)
+}
+
 /// Runs the forward (and the comparison when `reference` is given).
 pub fn run(
     model: &Glm5,
@@ -185,23 +258,7 @@ pub fn run(
         .tolerances
         .clone()
         .unwrap_or_else(|| Tolerances::for_profile(spec.dtype, spec.weights));
-    let mut metadata = BTreeMap::new();
-    metadata.insert(
-        meta::PRODUCER.to_string(),
-        format!("glmcheck {}", env!("CARGO_PKG_VERSION")),
-    );
-    metadata.insert(meta::DTYPE.to_string(), spec.dtype.name().to_string());
-    metadata.insert(meta::WEIGHTS.to_string(), spec.weights.name.to_string());
-    metadata.insert(
-        meta::DSA.to_string(),
-        match model.dsa_mode() {
-            DsaMode::Dense => "dense",
-            DsaMode::Sparse => "sparse",
-        }
-        .to_string(),
-    );
-    metadata.insert(meta::GGUF.to_string(), spec.gguf.clone());
-
+    let mut metadata = metadata(spec, model.dsa_mode());
     let (logits, capture, replayed) = match reference {
         Some(r) => {
             let mut cap = Aligner::new(r, tol.score_noise);
@@ -222,49 +279,15 @@ pub fn run(
     }
     let mut capture = Activations::from_capture(&capture, spec.prompt.as_deref(), metadata)?;
     if let Some(tp) = model.simulated_tp() {
-        capture.source = format!("glmcheck forward (simulated tp={tp})");
+        capture.source = crate::report::notes::simulated_tp_source(tp);
     }
 
     let row = last_row(&logits)?;
-    let probs = softmax(&row);
-    let mut order: Vec<usize> = (0..probs.len()).collect();
-    order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
-    let text = |id: u32| tokenizer.and_then(|t| t.token_text(id));
-    let top = order
-        .iter()
-        .take(spec.top)
-        .map(|&i| TopToken {
-            id: i as u32,
-            text: text(i as u32),
-            prob: probs[i],
-        })
-        .collect();
-    let entropy = super::entropy(&row);
+    let top = top_tokens(&softmax(&row), spec.top, tokenizer);
+    let entropy = crate::activations::entropy(&row);
     let vocab = row.len();
-
-    // Greedy continuation; the full forward is recomputed per token.
-    let ends = tokenizer.map(|t| t.end_ids()).unwrap_or_default();
-    let mut seq = tokens.to_vec();
-    let mut next = argmax(&row);
-    let mut continuation_ids = Vec::new();
-    let mut stopped = None;
-    for step in 0..spec.max_new_tokens {
-        continuation_ids.push(next);
-        seq.push(next);
-        if ends.contains(&next) {
-            stopped = Some(format!("end-of-generation token {next}"));
-            break;
-        }
-        if step + 1 == spec.max_new_tokens {
-            break;
-        }
-        if seq.len() >= model.config().max_position_embeddings.max(1) {
-            stopped = Some("max_position_embeddings reached".into());
-            break;
-        }
-        let l = model.forward(&seq, &mut NoCapture)?;
-        next = argmax(&last_row(&l)?);
-    }
+    let (continuation_ids, stopped) =
+        continue_greedy(model, tokenizer, tokens, argmax(&row), spec.max_new_tokens)?;
     let continuation = match tokenizer {
         Some(t) => t.decode(&continuation_ids).ok(),
         None => None,
@@ -275,14 +298,7 @@ pub fn run(
             .map(|&id| t.token_text(id).unwrap_or_default())
             .collect()
     });
-
-    let mut forward_seconds = None;
-    for _ in 0..spec.bench {
-        let start = std::time::Instant::now();
-        model.forward(tokens, &mut NoCapture)?;
-        let s = start.elapsed().as_secs_f64();
-        forward_seconds = Some(forward_seconds.map_or(s, |b: f64| b.min(s)));
-    }
+    let forward_seconds = bench(model, tokens, spec.bench)?;
     let comparison = match reference {
         Some(r) => Some(compare(
             r,
@@ -304,7 +320,7 @@ pub fn run(
         entropy,
         vocab,
         log_vocab: (vocab as f64).ln(),
-        garbage: super::garbage(entropy, vocab),
+        garbage: crate::activations::garbage(entropy, vocab),
         continuation_ids,
         continuation,
         stopped,

@@ -1,0 +1,336 @@
+//! `glmcheck forward`: run GLM-5 from the GGUF on a prompt (optionally as simulated vLLM tensor
+//! parallel) and, given a reference dump, compare its activations module by module.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use super::args::{DsaArg, ForwardDtype, TolFlags};
+use super::output::emit_hf;
+use super::{hf_config_check, open, CmdError, Ctx, Loaded, Outcome};
+use crate::activations::{Activations, ComputeDtype, ReferenceWeights, Tolerances};
+use crate::dump::RankDump;
+use crate::forward::{self as fwd, ForwardSpec};
+use crate::gguf::{GgmlType, GgufModel};
+use crate::model::{Glm5, ModelOptions, VecCapture};
+use crate::report;
+use crate::tokenizer::GgufTokenizer;
+use crate::weights::Weights;
+
+/// Run GLM-5 from the GGUF on a prompt: tokens, top-5 next tokens, a greedy continuation, and
+/// (with --reference) where its activations part from a reference dump, module by module.
+///
+/// The forward follows transformers 5.23's GlmMoeDsaForCausalLM (MLA, DSA indexer, sigmoid
+/// router with group limit). With --reference, every captured module is compared with the
+/// reference's (rel-L2, cosine, max-abs), the indexer's top-k as sets with exact ties and
+/// near-ties told apart from divergence (at a tie the reference's choice is replayed so that
+/// later modules stay comparable), the logits by KL, top-1 agreement and entropy, and the first
+/// module above tolerance is named with its inputs' status and a reading. Tolerances depend on
+/// --dtype and the GGUF's coarsest weight type (measured on the fixtures); flags override them.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Examples:
+  glmcheck forward fixtures/tiny/tiny-F32.gguf --prompt 'What is 2+2?'
+  glmcheck forward fixtures/tiny/tiny-F32.gguf --tokens 294,266,220,17,10,17,30 --max-new-tokens 4
+  P='What is 2+2? Please answer the question. The answer is'
+  glmcheck forward fixtures/tiny/tiny-Q4_K_M.gguf --prompt \"$P\" \\
+      --reference fixtures/tiny/activations/prompt0.safetensors --json | jq .first_divergence
+  glmcheck forward model.gguf --prompt 'Hello' --dsa dense --dump /tmp/dense.safetensors
+  glmcheck forward model.gguf --prompt 'Hello' --hf-config /models/GLM-5/config.json
+  glmcheck inject --fault kvb-concat --layer 1 --tp 8 --out /tmp/bad fixtures/tiny/tiny-F32.gguf
+  glmcheck forward fixtures/tiny/tiny-F32.gguf --prompt 'What is 2+2?' --tp 8 --weights-from /tmp/bad
+  glmcheck diff /tmp/sparse.safetensors /tmp/dense.safetensors
+
+--prompt is tokenized with the GGUF's own tokenizer, nothing added (no [gMASK]<sop>; type it if
+wanted). With --reference the token ids must be the reference's (its `token_ids` metadata).
+
+Exit codes: 0 within tolerance (or no --reference), 1 diverged, 2 unreadable input or bad arguments.")]
+pub struct ForwardArgs {
+    /// The GGUF file (or any part of a split set).
+    pub file: PathBuf,
+    /// Text to tokenize with the GGUF's tokenizer.
+    #[arg(long, conflicts_with = "tokens", required_unless_present = "tokens")]
+    pub prompt: Option<String>,
+    /// Token ids, comma-separated (bypasses the tokenizer).
+    #[arg(long, value_name = "IDS")]
+    pub tokens: Option<String>,
+    /// An activation dump to compare with (fixtures/tiny/activations/prompt0.safetensors, a
+    /// transformers hook dump, or another glmcheck --dump).
+    #[arg(long, value_name = "ACTS.safetensors")]
+    pub reference: Option<PathBuf>,
+    /// Write every captured module output (safetensors; execution order, token ids and prompt
+    /// in the metadata). Written to a temp file and renamed; never over an input.
+    #[arg(long, value_name = "OUT.safetensors")]
+    pub dump: Option<PathBuf>,
+    /// sparse: the DSA indexer restricts attention (GLM-5, transformers); dense: plain causal
+    /// attention, as a deployment with the indexer disabled.
+    #[arg(long, value_enum, default_value = "sparse")]
+    pub dsa: DsaArg,
+    /// Compute dtype.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: ForwardDtype,
+    /// Tokens of greedy continuation (the full forward is recomputed per token).
+    #[arg(long, default_value_t = 8)]
+    pub max_new_tokens: usize,
+    /// Time N extra plain forwards of the prompt (no capture) and report the best
+    /// ("forward_seconds" in --json).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub bench: usize,
+    /// Simulate vLLM tensor parallel over N ranks (each rank its column/row-parallel shards,
+    /// partial sums all-reduced, vocab-parallel embedding and lm_head gathered). Without
+    /// --reference it is compared with the unsharded forward of the same file.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub tp: Option<u16>,
+    /// With --tp: the ranks' weights from DIR/rank<r>.safetensors (vLLM parameter names, as a
+    /// deployment holds them or `glmcheck inject` writes them) instead of the GGUF's cut.
+    #[arg(long, value_name = "DIR", requires = "tp")]
+    pub weights_from: Option<PathBuf>,
+    #[command(flatten)]
+    pub tol: TolFlags,
+    /// List every compared capture, auxiliary ones (tuple elements, aliases) included.
+    #[arg(long)]
+    pub all: bool,
+    /// The deployment's config.json: check every field vLLM 0.33 reads for GLM-5 against this
+    /// GGUF and name those that change what vLLM computes (a finding exits 1).
+    #[arg(long, value_name = "config.json")]
+    pub hf_config: Option<PathBuf>,
+    /// Print JSON: {"tokens", "top", "continuation", "modules": [{"name", "rel_l2", "cosine",
+    /// "max_abs", ...}], "logits": {"kl_mean", "kl_max", "top1_agree", "max_abs", ...},
+    /// "first_divergence": null | {"module", "layer", "inputs", "reading"}, "verdict", ...}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl ForwardArgs {
+    /// The paths this command reads.
+    pub fn inputs(&self) -> Vec<PathBuf> {
+        std::iter::once(self.file.clone())
+            .chain(self.reference.clone())
+            .chain(self.weights_from.clone())
+            .chain(self.hf_config.clone())
+            .collect()
+    }
+}
+
+pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let dtype = ComputeDtype::from(a.dtype);
+    // The architecture first: a file of another model is named as such before its tokenizer,
+    // the tokens or a reference are looked at.
+    let l = Loaded::new(open(&a.file)?)?;
+    let hf = hf_config_check(a.hf_config.as_deref(), &l.model)?;
+    let tokenizer = tokenizer(a, ctx, &l.model)?;
+    let ids = token_ids(a, tokenizer.as_ref())?;
+    let ref_acts = match &a.reference {
+        Some(r) => Some(load_reference(r, &ids)?),
+        None => None,
+    };
+    let w = l.weights();
+    let options = ModelOptions {
+        dtype: dtype.candle(),
+        dsa: a.dsa.into(),
+    };
+    let weights = crate::activations::weight_class(&l.model);
+    let mut notes = Vec::new();
+    // One model: the unsharded one, or `tp` ranks of the same modules (simulated TP).
+    let model = match a.tp {
+        Some(tp) => {
+            let m = sharded(a, &l, &w, tp as usize, options)?;
+            notes.push(report::tp_note(
+                m.tp(),
+                a.weights_from.as_deref(),
+                m.fallbacks(),
+            ));
+            m
+        }
+        None => Glm5::load_with(&w, options)?,
+    };
+    let truth = truth(a, ref_acts, a.tp.is_some(), &w, options, &ids, weights)?;
+    let spec = ForwardSpec {
+        dtype,
+        weights,
+        max_new_tokens: a.max_new_tokens,
+        top: 5,
+        gguf: a.file.display().to_string(),
+        prompt: a.prompt.clone(),
+        tolerances: Some(
+            a.tol
+                .apply(Tolerances::for_reference(dtype, truth.weights, truth.kind)),
+        ),
+        bench: a.bench,
+        index_topk: l.cfg.index_topk,
+    };
+    let mut outcome = fwd::run(&model, tokenizer.as_ref(), &ids, truth.acts.as_ref(), &spec)?;
+    outcome.notes = notes;
+    if let Some(c) = outcome.comparison.as_mut() {
+        c.allow_incomparable = a.tol.allow_incomparable;
+    }
+    if let Some(out) = &a.dump {
+        let mut inputs = l.parts();
+        inputs.extend(a.reference.as_deref());
+        outcome.capture.save(out, &inputs)?;
+        if !ctx.quiet {
+            eprintln!(
+                "{}",
+                report::captures_written(outcome.capture.tensors.len(), out)
+            );
+        }
+    }
+    emit_hf(
+        ctx,
+        a.json,
+        &report::forward::forward_json(&outcome),
+        hf.as_ref(),
+        || report::forward::forward_text(&outcome, a.all),
+    )?;
+    let o = match &outcome.comparison {
+        Some(c) => Outcome::from(c.verdict()),
+        None => Outcome::Ok,
+    };
+    Ok(o.with_hf(hf.as_ref()))
+}
+
+/// The GGUF's tokenizer: required for --prompt; without one, --tokens runs with a warning.
+fn tokenizer(
+    a: &ForwardArgs,
+    ctx: &Ctx,
+    model: &GgufModel,
+) -> anyhow::Result<Option<GgufTokenizer>> {
+    match (GgufTokenizer::from_gguf(model), &a.prompt) {
+        (Ok(t), _) => Ok(Some(t)),
+        (Err(e), Some(_)) => Err(e).context("--prompt needs the GGUF's tokenizer"),
+        (Err(e), None) => {
+            if !ctx.quiet {
+                eprintln!("{}", report::no_token_texts(&e));
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// The prompt's token ids: --prompt tokenized, or --tokens parsed.
+fn token_ids(a: &ForwardArgs, tokenizer: Option<&GgufTokenizer>) -> anyhow::Result<Vec<u32>> {
+    let ids = match (&a.prompt, &a.tokens, tokenizer) {
+        (Some(p), _, Some(t)) => t.encode(p)?,
+        (_, Some(s), _) => parse_tokens(s)?,
+        _ => return Err(CmdError::NoPrompt.into()),
+    };
+    if ids.is_empty() {
+        return Err(CmdError::EmptyPrompt.into());
+    }
+    Ok(ids)
+}
+
+/// `1,2,3` → ids.
+pub fn parse_tokens(s: &str) -> Result<Vec<u32>, CmdError> {
+    let ids = s
+        .split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(|x| {
+            x.parse::<u32>()
+                .map_err(|_| CmdError::BadTokenId(x.to_string()))
+        })
+        .collect::<Result<Vec<u32>, CmdError>>()?;
+    if ids.is_empty() {
+        return Err(CmdError::NoTokenIds);
+    }
+    Ok(ids)
+}
+
+/// The reference dump, refused when it was made from other tokens.
+fn load_reference(r: &Path, ids: &[u32]) -> anyhow::Result<Activations> {
+    let acts = Activations::load(r)?;
+    if let Some(rt) = &acts.tokens {
+        if rt != ids {
+            return Err(CmdError::OtherTokens {
+                file: r.to_path_buf(),
+                reference: rt.clone(),
+                run: ids.to_vec(),
+            }
+            .into());
+        }
+    }
+    Ok(acts)
+}
+
+/// The simulated tp-rank model: the GGUF's cut, or the ranks' weights from --weights-from.
+fn sharded(
+    a: &ForwardArgs,
+    l: &Loaded,
+    w: &Weights<'_>,
+    tp: usize,
+    options: ModelOptions,
+) -> anyhow::Result<Glm5> {
+    let plan = l.plan(tp);
+    let rank_dump = match &a.weights_from {
+        Some(dir) => {
+            let d = RankDump::open(dir)?;
+            if d.tp() != tp {
+                return Err(CmdError::RankCount {
+                    dir: dir.clone(),
+                    ranks: d.tp(),
+                    tp,
+                }
+                .into());
+            }
+            Some(d)
+        }
+        None => None,
+    };
+    Ok(Glm5::sharded(w, &plan, rank_dump.as_ref(), options)?)
+}
+
+/// What the run is compared with, and what that truth's weights are (for the tolerances).
+struct Truth {
+    acts: Option<Activations>,
+    /// The weight type whose noise the tolerances allow.
+    weights: GgmlType,
+    kind: ReferenceWeights,
+}
+
+/// The reference dump if given; with --tp and no reference, the unsharded forward of the same
+/// file (only summation order may then differ: the weight noise is the same on both sides).
+fn truth(
+    a: &ForwardArgs,
+    reference: Option<Activations>,
+    tp: bool,
+    w: &Weights<'_>,
+    options: ModelOptions,
+    ids: &[u32],
+    weights: GgmlType,
+) -> anyhow::Result<Truth> {
+    // What the reference's weights are: the flag, else the dump's own metadata.
+    let kind = match (a.tol.reference_weights, &reference) {
+        (Some(k), _) => k.into(),
+        (None, Some(r)) => ReferenceWeights::of_dump(r, &a.file, weights),
+        (None, None) => ReferenceWeights::Original,
+    };
+    if reference.is_some() || !tp {
+        return Ok(Truth {
+            acts: reference,
+            weights,
+            kind,
+        });
+    }
+    let mut cap = VecCapture::new();
+    Glm5::load_with(w, options)?.forward(ids, &mut cap)?;
+    let mut acts = Activations::from_capture(&cap, a.prompt.as_deref(), Default::default())?;
+    acts.source = report::unsharded_source(&a.file);
+    Ok(Truth {
+        acts: Some(acts),
+        weights: GgmlType::F32,
+        kind: ReferenceWeights::Same,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_lists_parse_and_bad_ones_are_refused() {
+        assert_eq!(parse_tokens("1, 2,3,").expect("ids"), vec![1, 2, 3]);
+        assert_eq!(parse_tokens("1,x"), Err(CmdError::BadTokenId("x".into())));
+        assert_eq!(parse_tokens(" , "), Err(CmdError::NoTokenIds));
+        assert_eq!(parse_tokens("-1"), Err(CmdError::BadTokenId("-1".into())));
+    }
+}

@@ -1,0 +1,156 @@
+//! `glmcheck inject`: write the per-rank dump a loader with a known bug would hold.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use super::args::{DumpDtype, VllmNamesArg};
+use super::{open, CmdError, Ctx, Loaded, Outcome};
+use crate::faults::Fault;
+use crate::{report, shards};
+
+/// Write the per-rank dump that a loader with a known bug would hold (or the correct one).
+#[derive(clap::Args, Debug)]
+#[command(after_help = after_help())]
+pub struct InjectArgs {
+    /// The GGUF file (or any part of a split set).
+    pub file: PathBuf,
+    /// The loader bug to reproduce.
+    #[arg(long)]
+    pub fault: String,
+    /// Only this layer's parameters get the bug.
+    #[arg(long)]
+    pub layer: Option<usize>,
+    /// Only parameters matching this glob get the bug (default: the ones the bug hits); repeatable.
+    #[arg(long = "param", value_name = "GLOB")]
+    pub params: Vec<String>,
+    /// Tensor-parallel degree.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub tp: u16,
+    /// Output directory (created; rank<r>.safetensors are written into it).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// dtype of the dumped tensors.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: DumpDtype,
+    /// Parameter names as this vLLM version writes them (0.33: routed experts under
+    /// `mlp.experts.routed_experts.*`; legacy: `mlp.experts.w13_weight`).
+    #[arg(long, value_enum, default_value = "0.33")]
+    pub vllm_names: VllmNamesArg,
+}
+
+/// `inject --help`'s epilogue: the fault table's list, then examples.
+fn after_help() -> String {
+    format!(
+        "{}
+
+Examples:
+  glmcheck inject --fault kvb-concat --layer 1 --tp 8 --out /tmp/bad fixtures/tiny/tiny-F32.gguf
+  glmcheck shards fixtures/tiny/tiny-F32.gguf --tp 8 --against /tmp/bad
+  glmcheck inject --fault none --tp 2 --dtype bf16 --out /tmp/good model.gguf",
+        report::fault_list_help()
+    )
+}
+
+impl InjectArgs {
+    /// The paths this command reads.
+    pub fn inputs(&self) -> Vec<PathBuf> {
+        vec![self.file.clone()]
+    }
+}
+
+pub fn run(a: &InjectArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let tp = a.tp as usize;
+    let fault: Fault = a.fault.parse()?;
+    fault.check_tp(tp)?;
+    let l = Loaded::new(open(&a.file)?)?;
+    let plan = l.plan(tp);
+    if let Some(p) = plan.params.iter().find(|p| !p.problems.is_empty()) {
+        return Err(CmdError::Unshardable {
+            param: p.param.clone(),
+            tp,
+            problems: p.problems.clone(),
+        }
+        .into());
+    }
+    let w = l.weights();
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let spec = shards::InjectSpec {
+        fault: &fault,
+        layer: a.layer,
+        params: &a.params,
+        dtype: a.dtype.into(),
+        names: a.vllm_names.into(),
+    };
+    let written = shards::inject(&w, &plan, &spec, &a.out, &l.parts())?;
+    if !ctx.quiet {
+        eprintln!("{}", report::injected(written.len(), &a.out, &fault));
+    }
+    Ok(Outcome::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(fault: &str, tp: u16, dtype: DumpDtype, out: &std::path::Path) -> InjectArgs {
+        InjectArgs {
+            file: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("fixtures/tiny/tiny-F32.gguf"),
+            fault: fault.into(),
+            layer: None,
+            params: Vec::new(),
+            tp,
+            out: out.to_path_buf(),
+            dtype,
+            vllm_names: VllmNamesArg::V033,
+        }
+    }
+
+    fn quiet() -> Ctx {
+        Ctx {
+            quiet: true,
+            ..Ctx::default()
+        }
+    }
+
+    #[test]
+    fn every_dump_dtype_is_honoured() {
+        for (arg, want) in [
+            (DumpDtype::F32, safetensors::Dtype::F32),
+            (DumpDtype::Bf16, safetensors::Dtype::BF16),
+            (DumpDtype::F16, safetensors::Dtype::F16),
+        ] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let out = dir.path().join("dump");
+            assert_eq!(
+                run(&args("none", 2, arg, &out), &quiet()).expect("inject"),
+                Outcome::Ok
+            );
+            for r in 0..2 {
+                let bytes =
+                    std::fs::read(out.join(format!("rank{r}.safetensors"))).expect("rank file");
+                let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+                assert!(st.len() > 10);
+                for (name, t) in st.tensors() {
+                    assert_eq!(t.dtype(), want, "{name} at rank {r}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_fault_writes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("dump");
+        let e = run(&args("rank-swap:0,2", 2, DumpDtype::F32, &out), &quiet()).unwrap_err();
+        assert_eq!(e.to_string(), "rank-swap:0,2 needs tp > 2");
+        let e = run(&args("kvb", 2, DumpDtype::F32, &out), &quiet()).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("unknown fault `kvb`; known: none, "),
+            "{e}"
+        );
+        assert!(!out.exists());
+    }
+}

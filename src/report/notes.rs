@@ -1,0 +1,213 @@
+//! The commands' one-line messages on stderr, the notes a run records, and the fault list of
+//! `inject --help`.
+
+use std::path::Path;
+
+use crate::faults::{Fault, FAULTS};
+use crate::forward::{DsaNote, Stop};
+use crate::gguf::GgufFile;
+
+/// `inspect -v`: one GGUF part's header summary.
+pub fn gguf_part_line(p: &GgufFile) -> String {
+    format!(
+        "glmcheck: {}: GGUF v{}, {} metadata entries, {} tensors, data at {}",
+        p.path.display(),
+        p.version,
+        p.metadata.len(),
+        p.tensors.len(),
+        p.data_offset
+    )
+}
+
+/// `shards --against`: the dump holds another number of ranks than --tp.
+pub fn rank_count_warning(dir: &Path, dump_tp: usize, tp: usize) -> String {
+    format!(
+        "glmcheck: warning: {} holds rank files up to rank {}, checking at --tp {tp}",
+        dir.display(),
+        dump_tp.saturating_sub(1)
+    )
+}
+
+/// `inject`: what was written.
+pub fn injected(files: usize, out: &Path, fault: &Fault) -> String {
+    format!(
+        "glmcheck: wrote {files} rank files to {} (fault {})",
+        out.display(),
+        fault.cause()
+    )
+}
+
+/// `forward --dump`: what was written.
+pub fn captures_written(n: usize, out: &Path) -> String {
+    format!("glmcheck: wrote {n} captures to {}", out.display())
+}
+
+/// `forward --tokens` on a GGUF without a usable tokenizer.
+pub fn no_token_texts(e: &impl std::fmt::Display) -> String {
+    format!("glmcheck: warning: no token texts: {e}")
+}
+
+/// `forward --tp` without --reference: what the run is compared with.
+pub fn unsharded_source(gguf: &Path) -> String {
+    format!("the unsharded forward of {}", gguf.display())
+}
+
+/// `forward --tp`: where the simulated ranks' weights came from.
+pub fn tp_note(tp: usize, weights_from: Option<&Path>, missing: &[String]) -> String {
+    match weights_from {
+        Some(dir) => format!(
+            "simulated tp={tp}: the ranks' weights from {}{}",
+            dir.display(),
+            if missing.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " ({} parameter(s) absent there, cut from the GGUF: {})",
+                    missing.len(),
+                    missing.join(", ")
+                )
+            }
+        ),
+        None => format!("simulated tp={tp}: the ranks' shards cut from the GGUF as vLLM cuts them"),
+    }
+}
+
+/// What `--dsa` means for this prompt (text and `dsa.message` in --json).
+pub fn dsa_message(d: &DsaNote) -> String {
+    let (t, k, new) = (d.tokens, d.index_topk, d.new_tokens);
+    match (d.mode == "dense", d.identical) {
+        (true, true) => {
+            let mut m = format!(
+                "--dsa dense is identical to sparse on this prompt: with {t} tokens ≤ index_topk {k} the \
+                 indexer selects every visible key, so its mask equals the causal mask"
+            );
+            if t + new > k && new > 0 {
+                m.push_str(&format!(
+                    "; the continuation passes {k} tokens, from there on the two may differ"
+                ));
+            }
+            m
+        }
+        (true, false) => format!(
+            "--dsa dense differs from GLM-5's sparse attention on this prompt: positions ≥ {k} attend to \
+             every earlier key instead of their indexer's top-{k} (transformers runs sparse)"
+        ),
+        (false, true) => format!(
+            "sparse (DSA) attention; with {t} tokens ≤ index_topk {k} every visible key is selected, \
+             so it equals dense attention here"
+        ),
+        (false, false) => {
+            format!("sparse (DSA) attention: each query attends to its indexer's top-{k} keys")
+        }
+    }
+}
+
+/// `forward --json`'s `"dsa"`: the note's fields and its message.
+pub fn dsa_json(d: &DsaNote) -> serde_json::Value {
+    let mut v = serde_json::to_value(d).unwrap_or(serde_json::Value::Null);
+    if let Some(m) = v.as_object_mut() {
+        m.insert("message".into(), dsa_message(d).into());
+    }
+    v
+}
+
+/// Why the greedy continuation stopped early.
+pub fn stop_text(s: Stop) -> String {
+    match s {
+        Stop::EndOfGeneration(id) => format!("end-of-generation token {id}"),
+        Stop::MaxPositions => "max_position_embeddings reached".into(),
+    }
+}
+
+/// The capture's source label of a simulated tensor-parallel run.
+pub fn simulated_tp_source(tp: usize) -> String {
+    format!("glmcheck forward (simulated tp={tp})")
+}
+
+/// `Faults: none, kvb-concat, …` from the fault table, wrapped at 80 columns (continuation lines
+/// indented by two).
+pub fn fault_list_help() -> String {
+    let mut lines = vec![String::from("Faults:")];
+    for (i, f) in FAULTS.iter().enumerate() {
+        let item = if i + 1 < FAULTS.len() {
+            format!("{},", f.syntax())
+        } else {
+            f.syntax()
+        };
+        let last = lines.last_mut().expect("one line at least");
+        if last.len() + 1 + item.len() > 80 {
+            lines.push(format!("  {item}"));
+        } else {
+            last.push(' ');
+            last.push_str(&item);
+        }
+    }
+    lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fault_list_reads_as_before() {
+        assert_eq!(
+            fault_list_help(),
+            "Faults: none, kvb-concat, kvb-untransposed, rank-swap:A,B, merged-rank0,\n  \
+             merged-midsplit, param-zeroed:GLOB, wrong-dim, vocab-unpadded, bf16-as-f16"
+        );
+    }
+
+    #[test]
+    fn the_dsa_message_says_when_dense_equals_sparse() {
+        let note = |mode, tokens, new_tokens| DsaNote {
+            mode,
+            index_topk: 4,
+            tokens,
+            identical: tokens <= 4,
+            new_tokens,
+        };
+        assert!(dsa_message(&note("dense", 3, 0)).starts_with(
+            "--dsa dense is identical to sparse on this prompt: with 3 tokens ≤ index_topk 4"
+        ));
+        assert!(dsa_message(&note("dense", 3, 2))
+            .ends_with("; the continuation passes 4 tokens, from there on the two may differ"));
+        assert!(dsa_message(&note("dense", 5, 0)).starts_with("--dsa dense differs"));
+        assert_eq!(
+            dsa_message(&note("sparse", 5, 0)),
+            "sparse (DSA) attention: each query attends to its indexer's top-4 keys"
+        );
+        let j = dsa_json(&note("sparse", 2, 8));
+        assert_eq!(j["mode"], "sparse");
+        assert_eq!(j["identical"], true);
+        assert!(j.get("new_tokens").is_none());
+        assert!(j["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("equals dense attention")));
+        assert_eq!(
+            stop_text(Stop::EndOfGeneration(7)),
+            "end-of-generation token 7"
+        );
+    }
+
+    #[test]
+    fn the_tp_note_names_what_was_cut_from_the_gguf() {
+        let d = Path::new("/d");
+        assert_eq!(
+            tp_note(4, None, &[]),
+            "simulated tp=4: the ranks' shards cut from the GGUF as vLLM cuts them"
+        );
+        assert_eq!(
+            tp_note(2, Some(d), &[]),
+            "simulated tp=2: the ranks' weights from /d"
+        );
+        assert_eq!(
+            tp_note(2, Some(d), &["a".into(), "b".into()]),
+            "simulated tp=2: the ranks' weights from /d (2 parameter(s) absent there, cut from the GGUF: a, b)"
+        );
+        assert_eq!(
+            rank_count_warning(d, 8, 4),
+            "glmcheck: warning: /d holds rank files up to rank 7, checking at --tp 4"
+        );
+    }
+}
