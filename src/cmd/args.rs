@@ -260,3 +260,78 @@ mod tests {
         );
     }
 }
+
+/// `--device cpu | cuda | cuda:N`: where the forward runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceArg {
+    #[default]
+    Cpu,
+    /// An NVIDIA GPU by ordinal (needs a build with `--features cuda`).
+    Cuda(usize),
+}
+
+impl std::str::FromStr for DeviceArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(DeviceArg::Cpu),
+            "cuda" => Ok(DeviceArg::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceArg::Cuda)
+                .ok_or_else(|| format!("`{s}`: expected cpu, cuda or cuda:N")),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceArg::Cpu => f.write_str("cpu"),
+            DeviceArg::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl DeviceArg {
+    /// The candle device; a CUDA device in a build without the `cuda` feature, or one the machine
+    /// does not have, is an error naming it.
+    pub fn open(self) -> Result<candle_core::Device, super::CmdError> {
+        match self {
+            DeviceArg::Cpu => Ok(candle_core::Device::Cpu),
+            DeviceArg::Cuda(n) => {
+                if !candle_core::utils::cuda_is_available() {
+                    return Err(super::CmdError::NoCuda(self.to_string()));
+                }
+                candle_core::Device::new_cuda(n)
+                    .map_err(|e| super::CmdError::Device(self.to_string(), e.to_string()))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod device_tests {
+    use super::DeviceArg;
+
+    #[test]
+    fn devices_parse_and_bad_ones_are_named() {
+        assert_eq!("cpu".parse(), Ok(DeviceArg::Cpu));
+        assert_eq!("cuda".parse(), Ok(DeviceArg::Cuda(0)));
+        assert_eq!("cuda:3".parse(), Ok(DeviceArg::Cuda(3)));
+        for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", "CPU"] {
+            let e = bad.parse::<DeviceArg>().expect_err(bad);
+            assert!(e.contains(bad), "{e}");
+        }
+        assert_eq!(DeviceArg::Cuda(2).to_string(), "cuda:2");
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_in_a_cpu_build_is_a_clear_error() {
+        let e = DeviceArg::Cuda(0).open().expect_err("no cuda here");
+        assert!(e.to_string().contains("--features cuda"), "{e}");
+    }
+}

@@ -6,6 +6,10 @@ use std::path::PathBuf;
 /// A command's own refusal; the stages' errors pass through `anyhow` beside these.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CmdError {
+    #[error("--device {0}: this glmcheck was built without CUDA (build it with --features cuda: tools/build-cuda.sh)")]
+    NoCuda(String),
+    #[error("--device {0}: {1}")]
+    Device(String, String),
     #[error("{} holds no tensors (a vocab-only GGUF?): nothing to dequantize", .file.display())]
     NoTensors { file: PathBuf },
     #[error("no tensor of {} matches --tensor {}", .file.display(), .globs.join(" --tensor "))]

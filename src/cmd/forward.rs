@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use super::args::{DsaArg, ForwardDtype, TolFlags};
+use super::args::{DeviceArg, DsaArg, ForwardDtype, TolFlags};
 use super::output::emit_hf;
 use super::{hf_config_check, open, CmdError, Ctx, Loaded, Outcome};
 use crate::activations::{Activations, ComputeDtype, ReferenceWeights, Tolerances};
@@ -84,6 +84,11 @@ pub struct ForwardArgs {
     /// deployment holds them or `glmcheck inject` writes them) instead of the GGUF's cut.
     #[arg(long, value_name = "DIR", requires = "tp")]
     pub weights_from: Option<PathBuf>,
+    /// Where the forward runs: cpu, cuda (GPU 0) or cuda:N. CUDA needs a build with
+    /// `--features cuda` (tools/build-cuda.sh); module outputs are copied off the GPU only to be
+    /// compared or dumped.
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: DeviceArg,
     #[command(flatten)]
     pub tol: TolFlags,
     /// List every compared capture, auxiliary ones (tuple elements, aliases) included.
@@ -123,7 +128,7 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         Some(r) => Some(load_reference(r, &ids)?),
         None => None,
     };
-    let w = l.weights();
+    let w = l.weights_on(a.device.open()?);
     let options = ModelOptions {
         dtype: dtype.candle(),
         dsa: a.dsa.into(),

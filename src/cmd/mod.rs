@@ -122,7 +122,12 @@ impl Loaded {
 
     /// The logical (HF) weights, dequantized on the CPU on demand.
     pub fn weights(&self) -> Weights<'_> {
-        Weights::new(&self.model, &self.cfg, candle_core::Device::Cpu)
+        self.weights_on(candle_core::Device::Cpu)
+    }
+
+    /// The logical (HF) weights, dequantized on the CPU and placed on `device`.
+    pub fn weights_on(&self, device: candle_core::Device) -> Weights<'_> {
+        Weights::new(&self.model, &self.cfg, device)
     }
 
     /// The files of the GGUF (every part of a split set).
