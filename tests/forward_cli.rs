@@ -434,11 +434,10 @@ fn f32_tolerances_reject_quantized_weights() {
         .first_divergence
         .expect("Q8_0 weights exceed the F32 bound");
     assert_eq!(f.module, "model.embed_tokens", "{f:?}");
+    let reading = f.reading.to_string();
     assert!(
-        f.reading
-            .contains("while its input input_ids matches: suspect the token embedding"),
-        "{}",
-        f.reading
+        reading.contains("while its input input_ids matches: suspect the token embedding"),
+        "{reading}"
     );
 }
 

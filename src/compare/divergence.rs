@@ -1,13 +1,14 @@
-//! The first divergence in execution order, and what it says.
+//! The first divergence in execution order, and what it says: a typed [`Reading`] (what diverges,
+//! why, what to suspect), worded by [`crate::report::forward`].
 
 use std::collections::{BTreeSet, HashMap};
 
 use serde::Serialize;
 
 use super::driver::{ModuleRow, Status};
-use super::graph::{short_name, Graph, Role};
+use super::graph::{Graph, Module, Role};
 use super::logits::LogitsCmp;
-use super::tolerance::Tolerances;
+use super::tolerance::{ReferenceWeights, Tolerances};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct InputStatus {
@@ -26,7 +27,74 @@ pub struct FirstDivergence {
     pub cosine: Option<f64>,
     pub max_abs: Option<f64>,
     pub inputs: Vec<InputStatus>,
-    pub reading: String,
+    /// Serialized as its sentence (crate::report::reading).
+    pub reading: Reading,
+}
+
+/// What diverges.
+#[derive(Debug, Clone, PartialEq)]
+pub enum What {
+    /// A float module's output, by this rel-L2.
+    Output {
+        rel_l2: f64,
+    },
+    /// A module judged otherwise (the logits, by their distributions).
+    Module,
+    /// An indexer's top-k, beyond ties.
+    Topk,
+    /// The routed experts: the tokens whose experts differ, of `tokens` compared.
+    Experts {
+        flipped: Vec<usize>,
+        tokens: usize,
+    },
+    InputIds,
+}
+
+/// Why the divergence is placed at this module, and what to suspect.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cause {
+    /// The module has no inputs in the dataflow: suspect the module itself.
+    Module { suspect: Module },
+    /// Some inputs (`missing`, full keys) were not compared: the fault is here or upstream.
+    Upstream {
+        missing: Vec<String>,
+        suspect: Module,
+    },
+    /// Every input (full keys) matches, or differs only at ties (`up_to_ties`).
+    InputsMatch {
+        inputs: Vec<String>,
+        up_to_ties: bool,
+        suspect: Module,
+    },
+    /// Only the logits were compared: nothing localizes the fault.
+    OnlyLogits,
+    /// Every module before the output sat inside the noise of different weights (`basis`: the
+    /// tolerances' basis): too coarse to localize the fault.
+    WeightNoise { basis: String },
+    /// The candidate has no indexer outputs and the module's other inputs match: dense attention.
+    NoIndexer,
+}
+
+/// The logits agree below `index_topk` and diverge from `first_bad` on: the DSA indexer's
+/// signature.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IndexerSignature {
+    pub index_topk: usize,
+    /// Mean KL of the positions before `index_topk` and of those from it on.
+    pub kl_before: f64,
+    pub kl_after: f64,
+    pub first_bad: usize,
+}
+
+/// The reading of a first divergence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reading {
+    /// The diverging module's key.
+    pub module: String,
+    pub what: What,
+    pub cause: Cause,
+    /// Set when the divergence is at the output and the logits show the indexer's signature.
+    pub indexer: Option<IndexerSignature>,
 }
 
 /// When the logits agree closely below `index_topk` and diverge from there on: the DSA indexer's
@@ -35,7 +103,7 @@ pub(crate) fn indexer_signature(
     l: &LogitsCmp,
     index_topk: Option<usize>,
     tol: &Tolerances,
-) -> Option<String> {
+) -> Option<IndexerSignature> {
     let k = index_topk?;
     let before: Vec<&(usize, f64)> = l.kl_by_position.iter().filter(|(i, _)| *i < k).collect();
     let after: Vec<&(usize, f64)> = l.kl_by_position.iter().filter(|(i, _)| *i >= k).collect();
@@ -49,13 +117,54 @@ pub(crate) fn indexer_signature(
         .iter()
         .find(|(_, kl)| *kl > (2.0 * worst_before).max(tol.kl_mean))?
         .0;
-    (ma > tol.kl_mean && ma > 10.0 * mb).then(|| {
-        format!(
-            "the logits agree closely below index_topk ({k}; mean KL {mb:.1e}) and diverge from \
-             position {first_bad} on (mean KL {ma:.1e}), where the DSA indexer's top-k starts to \
-             restrict attention: suspect the indexer (switched off, or choosing other keys)"
-        )
+    (ma > tol.kl_mean && ma > 10.0 * mb).then_some(IndexerSignature {
+        index_topk: k,
+        kl_before: mb,
+        kl_after: ma,
+        first_bad,
     })
+}
+
+/// The first module above tolerance in execution order; if one of its inputs diverges too (a
+/// tuple element captured after its consumer, as the attention probabilities after o_proj),
+/// follow the dataflow up to the module whose inputs all agree.
+pub(crate) fn locate(
+    rows: &[ModuleRow],
+    graph: &Graph,
+    status_of: &HashMap<String, (Status, Option<f64>)>,
+    common: &BTreeSet<String>,
+) -> Option<FirstDivergence> {
+    let by_name: HashMap<&str, &ModuleRow> = rows.iter().map(|r| (r.name.as_str(), r)).collect();
+    let mut r = rows.iter().find(|r| r.status == Status::Diverged)?;
+    let mut seen = BTreeSet::new();
+    while seen.insert(r.name.clone()) {
+        let up = graph.node(&r.name).inputs.iter().find_map(|i| {
+            by_name
+                .get(i.as_str())
+                .filter(|u| u.status == Status::Diverged)
+                .copied()
+        });
+        match up {
+            Some(u) => r = u,
+            None => break,
+        }
+    }
+    Some(first_divergence(r, graph, status_of, common))
+}
+
+fn what(r: &ModuleRow) -> What {
+    match r.role {
+        Role::IndexerIds => What::Topk,
+        Role::RouterIds => What::Experts {
+            flipped: r.router.as_ref().map_or(Vec::new(), |x| x.flipped.clone()),
+            tokens: r.router.as_ref().map_or(0, |x| x.tokens),
+        },
+        Role::InputIds => What::InputIds,
+        Role::Logits => What::Module,
+        _ => r
+            .rel_l2
+            .map_or(What::Module, |rel_l2| What::Output { rel_l2 }),
+    }
 }
 
 pub(crate) fn first_divergence(
@@ -77,56 +186,24 @@ pub(crate) fn first_divergence(
             rel_l2: status_of.get(i).and_then(|s| s.1),
         })
         .collect();
-    let short = |s: &str| short_name(s);
-    let what = match &r.rel_l2 {
-        Some(x) if r.role != Role::Logits => {
-            format!("{} output diverges (rel-L2 {x:.2e})", short(&r.name))
-        }
-        _ => format!("{} diverges", short(&r.name)),
-    };
-    let what = match r.role {
-        Role::IndexerIds => format!("{} top-k differs beyond ties", short(&r.name)),
-        Role::RouterIds => format!(
-            "the routed experts differ ({})",
-            r.note.as_deref().unwrap_or("")
-        ),
-        Role::InputIds => "the input ids differ".to_string(),
-        _ => what,
-    };
     // Inputs not in both dumps, or in both but not comparable, say nothing about this module's
     // weights: the fault may be upstream.
-    let missing: Vec<&str> = inputs
+    let missing: Vec<String> = inputs
         .iter()
         .filter(|i| matches!(i.status, None | Some(Status::Incomparable)))
-        .map(|i| i.name.as_str())
+        .map(|i| i.name.clone())
         .collect();
-    let names: Vec<String> = inputs.iter().map(|i| short(&i.name)).collect();
-    let reading = if node.inputs.is_empty() {
-        format!("{what}: suspect {}", node.suspect)
+    let suspect = node.module;
+    let cause = if node.inputs.is_empty() {
+        Cause::Module { suspect }
     } else if !missing.is_empty() {
-        format!(
-            "{what}; its input{} {} {} not compared (not in both dumps, or incomparable), so the fault is here or upstream: suspect {} or what feeds it",
-            if missing.len() == 1 { "" } else { "s" },
-            missing.join(", "),
-            if missing.len() == 1 { "is" } else { "are" },
-            node.suspect
-        )
+        Cause::Upstream { missing, suspect }
     } else {
-        let qual = if inputs.iter().all(|i| i.status == Some(Status::Match)) {
-            ""
-        } else {
-            " (up to ties)"
-        };
-        format!(
-            "{what} while {} {}{qual}: suspect {}",
-            if names.len() == 1 {
-                format!("its input {}", names[0])
-            } else {
-                format!("its inputs {}", names.join(", "))
-            },
-            if names.len() == 1 { "matches" } else { "match" },
-            node.suspect
-        )
+        Cause::InputsMatch {
+            inputs: node.inputs.clone(),
+            up_to_ties: !inputs.iter().all(|i| i.status == Some(Status::Match)),
+            suspect,
+        }
     };
     FirstDivergence {
         module: r.name.clone(),
@@ -136,6 +213,58 @@ pub(crate) fn first_divergence(
         cosine: r.cosine,
         max_abs: r.max_abs,
         inputs,
-        reading,
+        reading: Reading {
+            module: r.name.clone(),
+            what: what(r),
+            cause,
+            indexer: None,
+        },
+    }
+}
+
+/// A divergence first seen at the output says nothing about the lm_head weight when nothing
+/// before it could show one: no module was compared, or every module sat inside the loose noise of
+/// different weights (GGUF vs the originals). Say so, and what the positions show.
+pub(crate) fn at_output(
+    f: &mut FirstDivergence,
+    rows: &[ModuleRow],
+    graph: &Graph,
+    logits: Option<&LogitsCmp>,
+    index_topk: Option<usize>,
+    tol: &Tolerances,
+) {
+    let lm_head = graph.lm_head();
+    let at_output =
+        graph.node(&f.module).role == Role::Logits || lm_head == Some(f.module.as_str());
+    if !at_output {
+        return;
+    }
+    let inner = rows
+        .iter()
+        .filter(|r| {
+            r.role != Role::Logits && r.role != Role::InputIds && lm_head != Some(r.name.as_str())
+        })
+        .count();
+    f.reading.indexer = logits.and_then(|l| indexer_signature(l, index_topk, tol));
+    if inner == 0 {
+        f.reading.cause = Cause::OnlyLogits;
+    } else if tol.reference == ReferenceWeights::Original {
+        f.reading.cause = Cause::WeightNoise {
+            basis: tol.basis.clone(),
+        };
+    }
+}
+
+/// The candidate ran without the DSA indexer (the reference has indexer outputs, it has none):
+/// when the first divergence lacks only its indexer input, that is the reading.
+pub(crate) fn no_indexer(f: &mut FirstDivergence, graph: &Graph) {
+    let is_indexer = |k: &str| graph.is_indexer(k);
+    let missing_indexer = f
+        .inputs
+        .iter()
+        .any(|i| i.status.is_none() && is_indexer(&i.name));
+    if missing_indexer && f.inputs.iter().all(|i| i.status != Some(Status::Diverged)) {
+        f.reading.cause = Cause::NoIndexer;
+        f.reading.indexer = None;
     }
 }

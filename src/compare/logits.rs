@@ -4,6 +4,8 @@ use safetensors::Dtype;
 use serde::Serialize;
 
 use super::diff::storage_half_ulp;
+use super::driver::{Ctx, ModuleRow, Status};
+use super::io::Act;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct LogitsCmp {
@@ -155,4 +157,87 @@ pub fn logits_metrics(
 /// A next-token distribution within 0.5 nats of uniform is noise, not a prediction.
 pub fn garbage(entropy: f64, vocab: usize) -> bool {
     entropy > (vocab as f64).ln() - 0.5
+}
+
+/// The logits `[T, V]` (or `[1, T, V]` when both dumps kept the batch dim), judged by their
+/// distributions rather than by rel-L2: sets `row`'s status, and returns the metrics.
+pub(crate) fn judge_logits(cx: &Ctx, row: &mut ModuleRow, ra: &Act, ca: &Act) -> Option<LogitsCmp> {
+    let (rv, cv) = (ra.f32()?, ca.f32()?);
+    let lead = ra.shape.len().saturating_sub(2);
+    let dims = &ra.shape[lead..];
+    let fits = ra.shape == ca.shape
+        && ra.shape[..lead].iter().all(|&d| d == 1)
+        && dims.len() == 2
+        && dims[0] == cx.t;
+    if !fits {
+        return None;
+    }
+    let lc = logits_metrics(rv, cv, dims[1], &cx.keep.keep, (ra.dtype, ca.dtype));
+    let tol = cx.tol;
+    // Storage rounding bound with 4× headroom (the bound is second order).
+    let bad = lc.kl_mean > tol.kl_mean + 4.0 * lc.kl_storage_mean
+        || lc.kl_max > tol.kl_max + 4.0 * lc.kl_storage_max
+        || lc.top1_agree < tol.top1_min
+        || lc.kl_mean.is_nan();
+    row.status = if bad { Status::Diverged } else { Status::Match };
+    row.note = Some(format!(
+        "KL mean {:.2e} (max {:.2e}), top-1 {}/{}",
+        lc.kl_mean, lc.kl_max, lc.top1_agree_count, lc.positions
+    ));
+    Some(lc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const F32: (Dtype, Dtype) = (Dtype::F32, Dtype::F32);
+
+    #[test]
+    fn identical_rows_have_no_divergence() {
+        let rows = [0.5f32, -1.0, 2.0, 0.0, 3.0, 1.0];
+        let m = logits_metrics(&rows, &rows, 3, &[true, true], F32);
+        assert_eq!(m.positions, 2);
+        assert_eq!((m.kl_mean, m.kl_max), (0.0, 0.0));
+        assert_eq!((m.top1_agree, m.top1_agree_count), (1.0, 2));
+        assert_eq!((m.rms_dp, m.max_abs), (0.0, 0.0));
+        assert_eq!(m.kl_by_position, vec![(0, 0.0), (1, 0.0)]);
+    }
+
+    #[test]
+    fn a_known_two_token_example() {
+        // Reference uniform over 2 tokens (p = ½, ½); candidate q = (¾, ¼).
+        // KL(p‖q) = ½·ln(½/¾) + ½·ln(½/¼) = ½·ln(4/3).
+        let reference = [0.0f32, 0.0];
+        let cand = [3f32.ln(), 0.0];
+        let m = logits_metrics(&reference, &cand, 2, &[true], F32);
+        let expected = 0.5 * (4.0f64 / 3.0).ln();
+        assert!((m.kl_mean - expected).abs() < 1e-7, "{}", m.kl_mean);
+        assert_eq!(m.kl_max_pos, 0);
+        // Both pick token 0 (the reference's tie goes to the first); its probability moved ¼.
+        assert_eq!(m.top1_agree_count, 1);
+        assert!((m.rms_dp - 0.25).abs() < 1e-7);
+        assert!((m.entropy_ref_mean - 2f64.ln()).abs() < 1e-12);
+        // The reference is uniform itself: near-uniform output is no verdict.
+        assert!(m.reference_uniform && !m.garbage);
+    }
+
+    #[test]
+    fn left_out_positions_are_not_compared() {
+        let reference = [0.0f32, 0.0, 0.0, 0.0];
+        let cand = [0.0f32, 0.0, 9.0, 0.0];
+        let m = logits_metrics(&reference, &cand, 2, &[true, false], F32);
+        assert_eq!((m.positions, m.kl_mean), (1, 0.0));
+        let m = logits_metrics(&reference, &cand, 2, &[true, true], F32);
+        assert!(m.kl_max > 1.0 && m.kl_max_pos == 1);
+    }
+
+    #[test]
+    fn entropy_and_garbage() {
+        assert!((entropy(&[1.0, 1.0, 1.0, 1.0]) - 4f64.ln()).abs() < 1e-12);
+        assert!(entropy(&[30.0, 0.0, 0.0, 0.0]) < 1e-9);
+        let v = 1000;
+        assert!(garbage((v as f64).ln() - 0.1, v));
+        assert!(!garbage((v as f64).ln() - 1.0, v));
+    }
 }

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 
-use super::graph::short_name;
+use super::driver::Note;
 use super::io::Activations;
 use super::metrics::common_shape;
 use crate::model::names::{conv, ModelPaths};
@@ -34,7 +34,7 @@ pub(crate) fn alternative_keys(key: &str) -> Vec<String> {
 pub(crate) fn normalize<'a>(
     reference: &'a Activations,
     cand: &'a Activations,
-    notes: &mut Vec<String>,
+    notes: &mut Vec<Note>,
 ) -> (Cow<'a, Activations>, Cow<'a, Activations>) {
     let mut cand_c: Cow<'a, Activations> = Cow::Borrowed(cand);
     let mut ref_c: Cow<'a, Activations> = Cow::Borrowed(reference);
@@ -72,10 +72,10 @@ pub(crate) fn normalize<'a>(
         };
         if keep_ref {
             cand_c.to_mut().rename(alt, k);
-            renamed.push(format!("{alt} → {k}"));
+            renamed.push((alt.clone(), k.clone()));
         } else {
             ref_c.to_mut().rename(k, alt);
-            renamed.push(format!("{k} → {alt}"));
+            renamed.push((k.clone(), alt.clone()));
         }
     }
     if !renamed.is_empty() {
@@ -85,17 +85,7 @@ pub(crate) fn normalize<'a>(
         if let Cow::Owned(r) = &mut ref_c {
             r.canonicalize_expert_rows();
         }
-        notes.push(format!(
-            "{} module(s) matched under another name: {}{}",
-            renamed.len(),
-            renamed
-                .iter()
-                .take(4)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", "),
-            if renamed.len() > 4 { ", …" } else { "" }
-        ));
+        notes.push(Note::Renamed(renamed));
     }
     let mut reshaped = Vec::new();
     let keys: Vec<String> = ref_c.order.clone();
@@ -116,21 +106,10 @@ pub(crate) fn normalize<'a>(
         if let Some(a) = cand_c.to_mut().tensors.get_mut(&k) {
             a.shape = shape.clone();
         }
-        reshaped.push(format!("{} ({from_r:?} / {from_c:?})", short_name(&k)));
+        reshaped.push((k.clone(), from_r, from_c));
     }
     if !reshaped.is_empty() {
-        notes.push(format!(
-            "{} module(s) compared after dropping singleton dims one dump kept (a batch dim, a \
-             squeezed head dim): {}{}",
-            reshaped.len(),
-            reshaped
-                .iter()
-                .take(3)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", "),
-            if reshaped.len() > 3 { ", …" } else { "" }
-        ));
+        notes.push(Note::Reshaped(reshaped));
     }
     (ref_c, cand_c)
 }

@@ -266,3 +266,94 @@ pub fn profile_of(acts: &Activations) -> (ComputeDtype, GgmlType) {
         .unwrap_or(GgmlType::F32);
     (dtype, weights)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (rel_l2, kl_mean, kl_max, top1_min, score_noise, router_flip_max)
+    fn figures(t: &Tolerances) -> (f64, f64, f64, f64, f64, f64) {
+        (
+            t.rel_l2,
+            t.kl_mean,
+            t.kl_max,
+            t.top1_min,
+            t.score_noise,
+            t.router_flip_max,
+        )
+    }
+
+    #[test]
+    fn profiles_give_the_measured_bounds() {
+        let p = |d, w| figures(&Tolerances::for_profile(d, w));
+        use ComputeDtype::{Bf16, F16, F32};
+        assert_eq!(p(F32, GgmlType::F32), (1e-4, 1e-6, 1e-5, 1.0, 1e-5, 0.0));
+        assert_eq!(p(F32, GgmlType::BF16), (2e-2, 1e-4, 2e-4, 0.9, 1e-2, 0.1));
+        assert_eq!(p(Bf16, GgmlType::F32), (5e-2, 5e-4, 1e-3, 0.85, 3e-2, 0.1));
+        assert_eq!(
+            p(F32, GgmlType::Q8_0),
+            (6e-2, 8e-4, 1.5e-3, 0.85, 4e-2, 0.1)
+        );
+        assert_eq!(p(Bf16, GgmlType::Q8_0), (8e-2, 1e-3, 2e-3, 0.85, 4e-2, 0.1));
+        assert_eq!(p(F32, GgmlType::Q4_K), (0.6, 8e-2, 0.15, 0.5, 2.0, 0.3));
+        // 5- and 6-bit take the 4-bit bounds, 2- and 3-bit twice those; f16 takes bf16's.
+        assert_eq!(p(F32, GgmlType::Q6_K), p(F32, GgmlType::Q4_K));
+        assert_eq!(p(F32, GgmlType::Q2_K), (1.2, 0.16, 0.3, 0.3, 2.0, 0.5));
+        assert_eq!(p(F16, GgmlType::BF16), p(Bf16, GgmlType::BF16));
+        let t = Tolerances::for_profile(F16, GgmlType::Q8_0);
+        assert_eq!(t.basis, "f16 compute, Q8_0 weights (derived from bf16)");
+        assert_eq!(t.reference, ReferenceWeights::Original);
+        let t = Tolerances::for_profile(F32, GgmlType::Q5_K);
+        assert_eq!(t.basis, "f32 compute, Q5_K weights (derived from 4-bit)");
+    }
+
+    #[test]
+    fn references_pick_their_bounds() {
+        use ComputeDtype::F32;
+        let r = |w, kind| Tolerances::for_reference(F32, w, kind);
+        // The originals: the full profile.
+        assert_eq!(
+            r(GgmlType::Q4_K, ReferenceWeights::Original),
+            Tolerances::for_profile(F32, GgmlType::Q4_K)
+        );
+        // The same GGUF through glmcheck: only the compute dtype may differ.
+        let same = r(GgmlType::Q4_K, ReferenceWeights::Same);
+        assert_eq!(
+            figures(&same),
+            figures(&Tolerances::for_profile(F32, GgmlType::F32))
+        );
+        assert_eq!(same.reference, ReferenceWeights::Same);
+        // The same GGUF through another engine: the kernels' noise on top.
+        let q8 = r(GgmlType::Q8_0, ReferenceWeights::SameGguf);
+        assert_eq!(figures(&q8), (6e-2, 3e-2, 0.25, 0.75, 4e-2, 0.1));
+        let q4 = r(GgmlType::Q4_K, ReferenceWeights::SameGguf);
+        assert_eq!(figures(&q4), (0.6, 5e-2, 0.45, 0.75, 2.0, 0.3));
+        // Unquantized weights: their own profile.
+        let bf16 = r(GgmlType::BF16, ReferenceWeights::SameGguf);
+        assert_eq!(
+            figures(&bf16),
+            figures(&Tolerances::for_profile(F32, GgmlType::BF16))
+        );
+        assert_eq!(bf16.reference, ReferenceWeights::SameGguf);
+    }
+
+    #[test]
+    fn a_dump_says_its_profile() {
+        let mut a = Activations::default();
+        assert_eq!(profile_of(&a), (ComputeDtype::F32, GgmlType::F32));
+        a.metadata.insert(meta::DTYPE.into(), "bfloat16".into());
+        a.metadata.insert(meta::WEIGHTS.into(), "Q8_0".into());
+        assert_eq!(profile_of(&a), (ComputeDtype::Bf16, GgmlType::Q8_0));
+        a.metadata
+            .insert(meta::GGUF.into(), "/x/tiny-Q8_0.gguf".into());
+        let g = Path::new("/elsewhere/tiny-Q8_0.gguf");
+        assert_eq!(
+            ReferenceWeights::of_dump(&a, g, GgmlType::Q8_0),
+            ReferenceWeights::Same
+        );
+        assert_eq!(
+            ReferenceWeights::of_dump(&a, g, GgmlType::Q4_K),
+            ReferenceWeights::Original
+        );
+    }
+}

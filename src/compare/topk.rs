@@ -4,6 +4,13 @@ use std::collections::BTreeSet;
 
 use serde::Serialize;
 
+use super::diff::diff;
+use super::driver::{
+    get_f32, ids_rows, row_slice, Ctx, Exclusion, ExclusionCause, ModuleRow, Status,
+};
+use super::io::{ancestor, Act};
+use super::metrics::{float_row, set_float};
+
 /// How one differing top-k row is explained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -136,4 +143,189 @@ pub fn classify_topk_row(
         TieClass::Divergence
     };
     Some(row)
+}
+
+/// An indexer's top-k ids (or a copy handed on): compared as causal sets per query row, each
+/// difference classified. A tie, near-tie or unclassified difference leaves every later position
+/// out of later comparisons (the returned exclusion) unless glmcheck replayed it.
+pub(crate) fn compare_indexer_ids(
+    cx: &Ctx,
+    row: &mut ModuleRow,
+    key: &str,
+    ra: &Act,
+    ca: &Act,
+) -> Option<Exclusion> {
+    let t = cx.t;
+    let (rr, cr) = ids_rows(ra, ca, t, row)?;
+    let k = ra.shape[1];
+    let scores_key = cx.graph.scores_of(key);
+    let rs = scores_key
+        .and_then(|s| get_f32(cx.reference, s))
+        .filter(|s| s.len() == t * t);
+    let cs = scores_key
+        .and_then(|s| get_f32(cx.cand, s))
+        .filter(|s| s.len() == t * t);
+    let indexer_path = scores_key.and_then(|s| ancestor(s)).unwrap_or(key);
+    let mut diffs = Vec::new();
+    let mut overlap = 0.0;
+    let mut n = 0;
+    for i in cx.keep.rows() {
+        let va = visible(&rr[i], i);
+        let vb = visible(&cr[i], i);
+        n += 1;
+        overlap += if va.is_empty() {
+            1.0
+        } else {
+            va.intersection(&vb).count() as f64 / va.len() as f64
+        };
+        if let Some(mut d) = classify_topk_row(
+            i,
+            k,
+            &rr[i],
+            &cr[i],
+            row_slice(rs, i, t),
+            row_slice(cs, i, t),
+            cx.tol.score_noise,
+        ) {
+            d.replayed = cx.aligned.contains(&format!("{indexer_path}:{i}"));
+            diffs.push(d);
+        }
+    }
+    row.status = topk_status(&diffs);
+    let mut exclude = None;
+    if row.status.ok() {
+        if let Some(first) = diffs.iter().filter(|d| !d.replayed).map(|d| d.pos).min() {
+            exclude = Some(Exclusion {
+                module: key.to_string(),
+                positions: (first..t).filter(|&i| cx.keep.has(i)).collect(),
+                from_on: true,
+                cause: ExclusionCause::Topk {
+                    status: row.status,
+                    pos: first,
+                },
+            });
+        }
+    }
+    if row.status == Status::Unclassified {
+        row.note = Some(
+            "the reference has no index_scores: a tie cannot be told from a divergence".into(),
+        );
+    }
+    row.topk = Some(TopkCmp {
+        k,
+        positions: n,
+        overlap: if n == 0 { 1.0 } else { overlap / n as f64 },
+        rows: diffs,
+    });
+    row.positions_compared = cx.keep.partial();
+    exclude
+}
+
+/// A module's status from its differing rows: the worst class decides.
+pub(crate) fn topk_status(diffs: &[TopkRow]) -> Status {
+    if diffs.is_empty() {
+        Status::Match
+    } else if diffs.iter().any(|d| d.class == TieClass::Divergence) {
+        Status::Diverged
+    } else if diffs.iter().any(|d| d.class == TieClass::Unavailable) {
+        Status::Unclassified
+    } else if diffs.iter().any(|d| d.class == TieClass::NearTie) {
+        Status::NearTie
+    } else {
+        Status::Tie
+    }
+}
+
+/// Index scores `[T, T]`: the causal entries of the positions still compared.
+pub(crate) fn compare_index_scores(cx: &Ctx, row: &mut ModuleRow, key: &str, ra: &Act, ca: &Act) {
+    let t = cx.t;
+    match (ra.f32(), ca.f32()) {
+        (Some(rv), Some(cv)) if ra.shape == [t, t] && ca.shape == [t, t] => {
+            let (mut a, mut b, mut at) = (Vec::new(), Vec::new(), Vec::new());
+            for i in cx.keep.rows() {
+                for j in (0..=i).filter(|&j| cx.keep.has(j)) {
+                    a.push(cv[i * t + j]);
+                    b.push(rv[i * t + j]);
+                    at.push(vec![i, j]);
+                }
+            }
+            let d = diff(&a, &b);
+            set_float(row, &d, &[], cx.tol);
+            row.max_abs_at = at.get(d.max_abs_at).cloned();
+            row.positions_compared = cx.keep.partial();
+            row.note = Some("causal entries only".into());
+        }
+        _ => float_row(row, ra, ca, key, t, cx.keep, cx.tol),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Query 3 of 4 keys, k = 2; the reference scores keys 0..=3 as `scores`.
+    fn classify(ref_ids: &[i64], cand_ids: &[i64], scores: &[f32]) -> Option<TopkRow> {
+        classify_topk_row(3, 2, ref_ids, cand_ids, Some(scores), None, 0.01)
+    }
+
+    #[test]
+    fn the_same_causal_set_is_no_difference() {
+        assert!(classify(&[0, 1], &[1, 0], &[5.0, 3.0, 1.0, 0.0]).is_none());
+        // A non-causal id (4 > position 3) and padding (−1) are not part of the set.
+        assert!(classify(&[0, 1, 4], &[1, 0, -1], &[5.0, 3.0, 1.0, 0.0]).is_none());
+    }
+
+    #[test]
+    fn an_exact_tie_is_a_tie() {
+        let r = classify(&[0, 1], &[0, 2], &[5.0, 3.0, 3.0, 1.0]).expect("differs");
+        assert_eq!(r.class, TieClass::ExactTie);
+        assert_eq!((r.only_ref, r.only_cand), (vec![1], vec![2]));
+        assert_eq!((r.kth, r.next), (Some(3.0), Some(3.0)));
+        assert_eq!(r.margin, Some(0.0));
+    }
+
+    #[test]
+    fn a_swap_within_the_noise_is_a_near_tie() {
+        // Margin 0.02 against noise 0.01 × the row's largest |score| 5.
+        let r = classify(&[0, 1], &[0, 2], &[5.0, 3.0, 2.98, 1.0]).expect("differs");
+        assert_eq!(r.class, TieClass::NearTie);
+        assert!((r.margin.expect("margin") - 0.02).abs() < 1e-6);
+        assert!((r.noise.expect("noise") - 0.05).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_real_mismatch_is_a_divergence() {
+        let r = classify(&[0, 1], &[0, 2], &[5.0, 3.0, 0.5, 1.0]).expect("differs");
+        assert_eq!(r.class, TieClass::Divergence);
+        assert_eq!(r.margin, Some(2.5));
+        // While at most k keys are visible, each must be chosen: any difference diverges.
+        let r = classify_topk_row(1, 2, &[0, 1], &[0, -1], None, None, 1.0).expect("differs");
+        assert_eq!(r.class, TieClass::Divergence);
+        // Without the reference's scores nothing can be said.
+        let r = classify_topk_row(3, 2, &[0, 1], &[0, 2], None, None, 0.01).expect("differs");
+        assert_eq!(r.class, TieClass::Unavailable);
+    }
+
+    #[test]
+    fn the_worst_row_decides_the_status() {
+        let row = |class| TopkRow {
+            pos: 3,
+            only_ref: vec![1],
+            only_cand: vec![2],
+            kth: None,
+            next: None,
+            margin: None,
+            noise: None,
+            class,
+            replayed: false,
+        };
+        assert_eq!(topk_status(&[]), Status::Match);
+        assert_eq!(topk_status(&[row(TieClass::ExactTie)]), Status::Tie);
+        let mixed = [row(TieClass::ExactTie), row(TieClass::NearTie)];
+        assert_eq!(topk_status(&mixed), Status::NearTie);
+        let bad = [row(TieClass::NearTie), row(TieClass::Divergence)];
+        assert_eq!(topk_status(&bad), Status::Diverged);
+        let unknown = [row(TieClass::Unavailable), row(TieClass::ExactTie)];
+        assert_eq!(topk_status(&unknown), Status::Unclassified);
+    }
 }

@@ -2,6 +2,7 @@
 
 pub mod forward;
 pub mod hf_config;
+pub mod reading;
 
 use comfy_table::{presets, ContentArrangement, Table};
 
