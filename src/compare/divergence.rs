@@ -268,3 +268,169 @@ pub(crate) fn no_indexer(f: &mut FirstDivergence, graph: &Graph) {
         f.reading.indexer = None;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::driver::{compare, CompareOptions};
+    use crate::compare::io::{Act, Activations, Values};
+    use crate::compare::tolerance::ComputeDtype;
+    use crate::gguf::GgmlType;
+    use crate::model::names::{conv, LayerPaths};
+    use safetensors::Dtype;
+
+    const T: usize = 3;
+
+    /// A dump of `keys` in this execution order, each `[T, 4]`; `scale` multiplies the values of
+    /// the keys it names.
+    fn dump(keys: &[String], scale: &[(&str, f32)]) -> Activations {
+        let mut a = Activations {
+            source: "test".into(),
+            tokens: Some(vec![1, 2, 3]),
+            ..Default::default()
+        };
+        for (n, k) in keys.iter().enumerate() {
+            let s = scale.iter().find(|(x, _)| x == k).map_or(1.0, |x| x.1);
+            let v: Vec<f32> = (0..T * 4).map(|i| s * (1.0 + (i + n) as f32)).collect();
+            a.tensors.insert(
+                k.clone(),
+                Act {
+                    dtype: Dtype::F32,
+                    shape: vec![T, 4],
+                    values: Values::F32(v),
+                },
+            );
+            a.order.push(k.clone());
+        }
+        a.ordered_by_producer = a.order.len();
+        a
+    }
+
+    /// Layers 0..=2's attention chain up to o_proj and the layer outputs.
+    fn chain() -> Vec<String> {
+        let mut keys = Vec::new();
+        for l in 0..3 {
+            let lp = LayerPaths::new(l, false).expect("paths");
+            let a = &lp.attn;
+            keys.extend([
+                lp.input_norm.clone(),
+                a.kv_a.clone(),
+                a.kv_a_norm.clone(),
+                a.kv_b.clone(),
+                a.o.clone(),
+                lp.layer.clone(),
+            ]);
+        }
+        keys
+    }
+
+    fn run(cand_scale: &[(&str, f32)]) -> crate::compare::Comparison {
+        let keys = chain();
+        let opts = CompareOptions {
+            tolerances: Tolerances::for_profile(ComputeDtype::F32, GgmlType::F32),
+            index_topk: None,
+        };
+        compare(&dump(&keys, &[]), &dump(&keys, cand_scale), &opts).expect("compare")
+    }
+
+    #[test]
+    fn a_broken_kv_b_proj_is_the_first_divergence() {
+        let lp = LayerPaths::new(2, false).expect("paths");
+        let a = &lp.attn;
+        // kv_b_proj of layer 2 doubled, and everything after it off too.
+        let bad = [
+            (a.kv_b.as_str(), 2.0),
+            (a.o.as_str(), 3.0),
+            (lp.layer.as_str(), 3.0),
+        ];
+        let c = run(&bad);
+        let f = c.first_divergence.expect("diverges");
+        assert_eq!(f.module, a.kv_b);
+        assert_eq!((f.layer, f.status), (Some(2), Status::Diverged));
+        assert!((f.rel_l2.expect("rel-L2") - 1.0).abs() < 1e-9);
+        assert_eq!(f.inputs.len(), 1);
+        assert_eq!(f.inputs[0].name, a.kv_a_norm);
+        assert_eq!(f.inputs[0].status, Some(Status::Match));
+        assert_eq!(f.reading.what, What::Output { rel_l2: 1.0 });
+        assert_eq!(
+            f.reading.cause,
+            Cause::InputsMatch {
+                inputs: vec![a.kv_a_norm.clone()],
+                up_to_ties: false,
+                suspect: Module::KvB,
+            }
+        );
+        assert_eq!(f.reading.indexer, None);
+    }
+
+    #[test]
+    fn a_divergence_captured_late_is_followed_upstream() {
+        // A dump that records kv_b_proj after o_proj (a tuple element captured after its
+        // consumer): both diverge, o_proj comes first in execution order, but kv_b_proj feeds it.
+        let lp = LayerPaths::new(1, false).expect("paths");
+        let a = &lp.attn;
+        let mut keys = chain();
+        let (kv_b, o) = (
+            keys.iter().position(|k| *k == a.kv_b).expect("kv_b"),
+            keys.iter().position(|k| *k == a.o).expect("o_proj"),
+        );
+        keys.swap(kv_b, o);
+        let opts = CompareOptions {
+            tolerances: Tolerances::for_profile(ComputeDtype::F32, GgmlType::F32),
+            index_topk: None,
+        };
+        let bad = [(a.kv_b.as_str(), 2.0), (a.o.as_str(), 2.0)];
+        let c = compare(&dump(&keys, &[]), &dump(&keys, &bad), &opts).expect("compare");
+        let first_in_order = c.modules.iter().find(|r| r.status == Status::Diverged);
+        assert_eq!(first_in_order.map(|r| r.name.as_str()), Some(a.o.as_str()));
+        let f = c.first_divergence.expect("diverges");
+        assert_eq!(f.module, a.kv_b);
+        // Had o_proj been the reading, its inputs (projections, the indexer) are not all in
+        // both dumps: the fault would be placed "here or upstream".
+        let o_row = c
+            .modules
+            .iter()
+            .find(|r| r.name == a.o)
+            .expect("o_proj row");
+        let graph = Graph::new(&chain().into_iter().collect());
+        let status_of: HashMap<String, (Status, Option<f64>)> = c
+            .modules
+            .iter()
+            .map(|r| (r.name.clone(), (r.status, r.rel_l2)))
+            .collect();
+        let common: BTreeSet<String> = chain().into_iter().collect();
+        let fo = first_divergence(o_row, &graph, &status_of, &common);
+        let Cause::Upstream { missing, suspect } = &fo.reading.cause else {
+            panic!("{:?}", fo.reading.cause);
+        };
+        assert_eq!(*suspect, Module::OProj);
+        assert!(missing.contains(&a.q_b), "{missing:?}");
+        assert!(!missing.contains(&a.kv_b), "{missing:?}");
+    }
+
+    #[test]
+    fn matching_dumps_have_no_divergence() {
+        let c = run(&[]);
+        assert!(c.first_divergence.is_none());
+        assert!(c.modules.iter().all(|r| r.status == Status::Match));
+        assert_eq!(c.modules.len(), chain().len());
+    }
+
+    #[test]
+    fn only_logits_compared_cannot_localize() {
+        let keys = vec![conv::LOGITS.to_string()];
+        let opts = CompareOptions {
+            tolerances: Tolerances::for_profile(ComputeDtype::F32, GgmlType::F32),
+            index_topk: None,
+        };
+        let c = compare(
+            &dump(&keys, &[]),
+            &dump(&keys, &[(conv::LOGITS, 0.2)]),
+            &opts,
+        )
+        .expect("compare");
+        let f = c.first_divergence.expect("diverges");
+        assert_eq!(f.reading.cause, Cause::OnlyLogits);
+        assert_eq!(f.reading.what, What::Module);
+    }
+}

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use safetensors::Dtype;
 use serde::Serialize;
 
 use super::diff::activation_storage_rel_l2;
@@ -59,11 +60,75 @@ pub struct ModuleRow {
     pub topk: Option<TopkCmp>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub router: Option<RouterCmp>,
-    pub note: Option<String>,
+    pub note: Option<RowNote>,
     /// A capture beyond the module outputs (tuple elements, aliases, recomputed extras).
     pub aux: bool,
     /// The rel-L2 the two dumps' storage dtypes alone may put between them (added to the bound).
     pub storage_rel_l2: f64,
+}
+
+/// What a row of the table says beside its numbers (worded by crate::report::reading).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RowNote {
+    InputIdsDiffer,
+    /// Id tensors in both dumps, of shapes that do not match.
+    IdsLayout {
+        reference: Vec<usize>,
+        candidate: Vec<usize>,
+    },
+    /// Not integer `[T, k]` ids in both dumps.
+    NotIds {
+        reference: Dtype,
+        candidate: Dtype,
+    },
+    /// A top-k difference the reference's missing index scores leave unclassified.
+    NoIndexScores,
+    /// Tokens whose routed experts differ, of `tokens` compared.
+    ExpertsDiffer {
+        flipped: Vec<usize>,
+        tokens: usize,
+    },
+    /// Router weights of tokens whose experts differ, left out.
+    WeightsLeftOut {
+        tokens: usize,
+    },
+    NoTokenRouted,
+    /// A routed expert's activations compared on `tokens` tokens.
+    Expert {
+        expert: i64,
+        tokens: usize,
+    },
+    /// The n-th expert activation call is another expert in each dump.
+    RoutingDiffers {
+        call: usize,
+        reference: i64,
+        candidate: i64,
+    },
+    /// No router ids in a dump to order an expert's rows.
+    RowOrderUnknown,
+    /// Index scores: causal entries only.
+    CausalOnly,
+    Logits {
+        kl_mean: f64,
+        kl_max: f64,
+        top1: usize,
+        positions: usize,
+    },
+    /// Every position follows a tie-break.
+    AfterTieBreak,
+    NotFloat {
+        reference: Dtype,
+        candidate: Dtype,
+    },
+    /// Float tensors of shapes that do not match.
+    Layout {
+        reference: Vec<usize>,
+        candidate: Vec<usize>,
+    },
+    /// Entries the reference masks that the candidate does not.
+    Unmasked {
+        entries: usize,
+    },
 }
 
 /// Positions left out of later comparisons because the dumps chose differently at a tie.
@@ -149,18 +214,18 @@ pub(crate) fn ids_rows(ra: &Act, ca: &Act, t: usize, row: &mut ModuleRow) -> Opt
         )),
         (Some(_), Some(_)) => {
             row.status = Status::Incomparable;
-            row.note = Some(format!(
-                "shape {:?} vs {:?}: not the same layout, not compared",
-                ra.shape, ca.shape
-            ));
+            row.note = Some(RowNote::IdsLayout {
+                reference: ra.shape.clone(),
+                candidate: ca.shape.clone(),
+            });
             None
         }
         _ => {
             row.status = Status::Incomparable;
-            row.note = Some(format!(
-                "{:?} vs {:?}: not integer [T, k] ids in both dumps, not compared",
-                ra.dtype, ca.dtype
-            ));
+            row.note = Some(RowNote::NotIds {
+                reference: ra.dtype,
+                candidate: ca.dtype,
+            });
             None
         }
     }
@@ -303,7 +368,7 @@ impl Walk<'_> {
             Role::InputIds => {
                 if ra.values != ca.values || ra.shape != ca.shape {
                     row.status = Status::Diverged;
-                    row.note = Some("the input ids differ".into());
+                    row.note = Some(RowNote::InputIdsDiffer);
                 }
                 None
             }
@@ -427,7 +492,7 @@ pub fn compare(
     for r in &mut rows {
         if r.positions_compared == Some(0) && r.status == Status::Match {
             r.status = Status::Skipped;
-            r.note = Some("every position follows a tie-break".into());
+            r.note = Some(RowNote::AfterTieBreak);
         }
     }
     let mut first_divergence = locate(&rows, &graph, &status_of, &common);

@@ -507,3 +507,128 @@ impl Activations {
 }
 
 // GLM-5's dataflow: what each captured key is and which keys it is computed from
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::names::{LayerPaths, MlpKind};
+
+    fn floats(shape: &[usize], v: Vec<f32>) -> Act {
+        Act {
+            dtype: Dtype::F32,
+            shape: shape.to_vec(),
+            values: Values::F32(v),
+        }
+    }
+
+    #[test]
+    fn keys_without_an_order_follow_their_ancestor() {
+        assert_eq!(ancestor("a.b#2"), Some("a.b"));
+        assert_eq!(ancestor("a.b.c"), Some("a.b"));
+        assert_eq!(ancestor("a"), None);
+        let keys: Vec<String> = ["z", "a.x", "a", "b", "a.x.q", "b#1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let declared: Vec<String> = ["b", "a", "missing"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let (order, listed) = full_order(&keys, &declared);
+        assert_eq!(order, vec!["b", "b#1", "a", "a.x", "a.x.q", "z"]);
+        assert_eq!(listed, 2);
+    }
+
+    #[test]
+    fn integer_dtypes_widen() {
+        assert_eq!(
+            decode_ints(Dtype::I32, &(-3i32).to_le_bytes()),
+            Some(vec![-3])
+        );
+        assert_eq!(decode_ints(Dtype::U16, &[1, 1]), Some(vec![257]));
+        assert_eq!(decode_ints(Dtype::I8, &[0xff]), Some(vec![-1]));
+        assert_eq!(decode_ints(Dtype::F32, &[0; 4]), None);
+    }
+
+    #[test]
+    fn slot_major_expert_rows_come_to_token_order() {
+        let lp = LayerPaths::new(3, true).expect("paths");
+        let MlpKind::Moe { gate, experts, .. } = &lp.mlp.kind else {
+            panic!("a MoE layer");
+        };
+        let ids = format!("{gate}.{}", conv::TOPK_INDICES);
+        let act1 = format!("{experts}.{}#1", conv::ACT);
+        let mut a = Activations::default();
+        // Three tokens, k = 2: token 0 → {0, 1}, token 1 → {1, 2}, token 2 → {0, 2}.
+        a.tensors.insert(
+            ids.clone(),
+            Act {
+                dtype: Dtype::I64,
+                shape: vec![3, 2],
+                values: Values::I64(vec![0, 1, 1, 2, 0, 2]),
+            },
+        );
+        // Expert 1 (the second expert hit) ran on token 1 (its slot 0) before token 0 (slot 1).
+        a.tensors
+            .insert(act1.clone(), floats(&[2, 2], vec![10.0, 11.0, 0.0, 1.0]));
+        a.metadata.insert(meta::TRANSFORMERS.into(), "4.57".into());
+        a.finish(&[ids.clone(), act1.clone()]);
+        assert_eq!(
+            a.tensors[&act1].values,
+            Values::F32(vec![0.0, 1.0, 10.0, 11.0])
+        );
+        let rows = &a.expert_rows[&act1];
+        assert_eq!((rows.expert, rows.tokens.clone()), (1, vec![0, 1]));
+        // glmcheck's own dumps are already in token order.
+        let mut b = Activations {
+            tensors: a.tensors.clone(),
+            ..Default::default()
+        };
+        b.tensors
+            .insert(act1.clone(), floats(&[2, 2], vec![10.0, 11.0, 0.0, 1.0]));
+        b.metadata.insert(meta::EXPERT_ROWS.into(), "token".into());
+        b.finish(&[]);
+        assert_eq!(
+            b.tensors[&act1].values,
+            Values::F32(vec![10.0, 11.0, 0.0, 1.0])
+        );
+    }
+
+    #[test]
+    fn a_saved_dump_loads_the_same() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("d.safetensors");
+        let mut a = Activations {
+            tokens: Some(vec![5, 6]),
+            prompt: Some("hi".into()),
+            ..Default::default()
+        };
+        a.tensors.insert(
+            conv::INPUT_IDS.into(),
+            Act {
+                dtype: Dtype::I64,
+                shape: vec![2],
+                values: Values::I64(vec![5, 6]),
+            },
+        );
+        a.tensors.insert(
+            "model.embed_tokens".into(),
+            floats(&[2, 1], vec![0.5, -2.0]),
+        );
+        a.finish(&[conv::INPUT_IDS.into(), "model.embed_tokens".into()]);
+        a.save(&path, &[]).expect("save");
+        let b = Activations::load(&path).expect("load");
+        assert_eq!(b.tokens, Some(vec![5, 6]));
+        assert_eq!(b.prompt.as_deref(), Some("hi"));
+        assert_eq!(b.order, a.order);
+        assert_eq!(
+            b.tensors["model.embed_tokens"].values,
+            Values::F32(vec![0.5, -2.0])
+        );
+        // Not a safetensors file: a typed error, no panic.
+        assert!(matches!(
+            Activations::from_bytes(&path, b"nonsense"),
+            Err(ActError::Format { .. })
+        ));
+    }
+}

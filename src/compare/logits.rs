@@ -4,7 +4,7 @@ use safetensors::Dtype;
 use serde::Serialize;
 
 use super::diff::storage_half_ulp;
-use super::driver::{Ctx, ModuleRow, Status};
+use super::driver::{Ctx, ModuleRow, RowNote, Status};
 use super::io::Act;
 
 #[derive(Debug, Clone, Serialize)]
@@ -180,10 +180,12 @@ pub(crate) fn judge_logits(cx: &Ctx, row: &mut ModuleRow, ra: &Act, ca: &Act) ->
         || lc.top1_agree < tol.top1_min
         || lc.kl_mean.is_nan();
     row.status = if bad { Status::Diverged } else { Status::Match };
-    row.note = Some(format!(
-        "KL mean {:.2e} (max {:.2e}), top-1 {}/{}",
-        lc.kl_mean, lc.kl_max, lc.top1_agree_count, lc.positions
-    ));
+    row.note = Some(RowNote::Logits {
+        kl_mean: lc.kl_mean,
+        kl_max: lc.kl_max,
+        top1: lc.top1_agree_count,
+        positions: lc.positions,
+    });
     Some(lc)
 }
 

@@ -1,7 +1,7 @@
 //! One float module's comparison: masked entries, the token positions still compared, shapes.
 
 use super::diff::{diff, Diff};
-use super::driver::{ModuleRow, Status};
+use super::driver::{ModuleRow, RowNote, Status};
 use super::io::Act;
 use super::tolerance::Tolerances;
 use crate::model::names::conv;
@@ -173,18 +173,18 @@ pub(crate) fn float_row(
 ) {
     let (Some(rv), Some(cv)) = (ra.f32(), ca.f32()) else {
         row.status = Status::Incomparable;
-        row.note = Some(format!(
-            "dtype {:?} vs {:?}: not both float, not compared",
-            ra.dtype, ca.dtype
-        ));
+        row.note = Some(RowNote::NotFloat {
+            reference: ra.dtype,
+            candidate: ca.dtype,
+        });
         return;
     };
     if ra.shape != ca.shape {
         row.status = Status::Incomparable;
-        row.note = Some(format!(
-            "shape {:?} vs {:?}: not the same layout (transposed or rearranged?), not compared",
-            ra.shape, ca.shape
-        ));
+        row.note = Some(RowNote::Layout {
+            reference: ra.shape.clone(),
+            candidate: ca.shape.clone(),
+        });
         return;
     }
     let (rv, cv, shape) = match (keep.partial(), token_axis(key, &ra.shape, t)) {
@@ -200,9 +200,148 @@ pub(crate) fn float_row(
     set_float(row, &f.diff, &f.shape, tol);
     if f.mask_mismatch > 0 {
         row.status = Status::Diverged;
-        row.note = Some(format!(
-            "{} entries the reference masks are not masked",
-            f.mask_mismatch
-        ));
+        row.note = Some(RowNote::Unmasked {
+            entries: f.mask_mismatch,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::driver::ModuleRow;
+    use crate::compare::graph::Role;
+    use crate::compare::io::Values;
+    use crate::compare::tolerance::ComputeDtype;
+    use crate::gguf::GgmlType;
+    use safetensors::Dtype;
+
+    fn act(shape: &[usize], v: Vec<f32>) -> Act {
+        Act {
+            dtype: Dtype::F32,
+            shape: shape.to_vec(),
+            values: Values::F32(v),
+        }
+    }
+
+    fn row() -> ModuleRow {
+        ModuleRow {
+            name: "m".into(),
+            layer: None,
+            role: Role::Float,
+            status: Status::Match,
+            rel_l2: None,
+            cosine: None,
+            max_abs: None,
+            max_abs_at: None,
+            positions_compared: None,
+            topk: None,
+            router: None,
+            note: None,
+            aux: false,
+            storage_rel_l2: 0.0,
+        }
+    }
+
+    fn tol() -> Tolerances {
+        Tolerances::for_profile(ComputeDtype::F32, GgmlType::F32)
+    }
+
+    #[test]
+    fn shapes_that_differ_in_singletons_share_one() {
+        assert_eq!(common_shape(&[1, 3, 4], &[3, 4]), Some(vec![3, 4]));
+        assert_eq!(common_shape(&[3, 1, 4], &[3, 4]), Some(vec![3, 4]));
+        assert_eq!(common_shape(&[4, 3], &[3, 4]), None);
+        assert_eq!(common_shape(&[1], &[1, 1]), Some(vec![1]));
+    }
+
+    #[test]
+    fn positions_are_selected_along_the_token_axis() {
+        // [2 heads, 3 tokens, 1]: keep tokens 0 and 2.
+        let v: Vec<f32> = (0..6).map(|x| x as f32).collect();
+        let (out, shape) = select(&v, &[2, 3, 1], 1, &[true, false, true]);
+        assert_eq!((out, shape), (vec![0.0, 2.0, 3.0, 5.0], vec![2, 2, 1]));
+        assert_eq!(
+            token_axis("model.layers.0.self_attn.query_states", &[1, 3, 8], 3),
+            Some(1)
+        );
+        assert_eq!(token_axis("model.layers.0.mlp", &[3, 8], 3), Some(0));
+        assert_eq!(token_axis("model.layers.0.mlp", &[4, 8], 3), None);
+        assert_eq!(unravel(7, &[2, 3, 2]), vec![1, 0, 1]);
+    }
+
+    #[test]
+    fn masked_entries_must_be_masked_by_both() {
+        let f = float_diff(&[1.0, -1e9, 2.0], &[1.0, MASKED, 2.0], vec![3]);
+        assert_eq!((f.diff.rel_l2, f.mask_mismatch), (0.0, 0));
+        let f = float_diff(&[1.0, 0.0, 2.5], &[1.0, MASKED, 2.0], vec![3]);
+        assert_eq!(f.mask_mismatch, 1);
+        // The largest difference is reported at its place in the unmasked tensor.
+        assert_eq!(f.diff.max_abs_at, 2);
+        let mut r = row();
+        let keep = Keep {
+            keep: vec![true; 3],
+        };
+        float_row(
+            &mut r,
+            &act(&[3], vec![1.0, 2.0, 3.0]),
+            &act(&[3], vec![1.0, 0.0, 3.0]),
+            "m",
+            3,
+            &keep,
+            &tol(),
+        );
+        assert_eq!(r.status, Status::Diverged);
+        assert_eq!(r.note, None);
+    }
+
+    #[test]
+    fn float_rows_judge_by_the_bound_plus_storage() {
+        let keep = Keep {
+            keep: vec![true, true, false],
+        };
+        let (a, b) = (
+            act(&[3, 2], vec![1.0, 2.0, 3.0, 4.0, 50.0, 60.0]),
+            act(&[3, 2], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+        );
+        let mut r = row();
+        float_row(&mut r, &b, &a, "model.layers.0.mlp", 3, &keep, &tol());
+        // Position 2 (where they differ) follows a tie-break: left out.
+        assert_eq!((r.status, r.positions_compared), (Status::Match, Some(2)));
+        assert_eq!(r.rel_l2, Some(0.0));
+        let mut r = row();
+        let all = Keep {
+            keep: vec![true; 3],
+        };
+        float_row(&mut r, &b, &a, "model.layers.0.mlp", 3, &all, &tol());
+        assert_eq!(r.status, Status::Diverged);
+        assert_eq!(r.max_abs_at, Some(vec![2, 1]));
+        let mut r = row();
+        float_row(
+            &mut r,
+            &b,
+            &act(&[2, 3], vec![0.0; 6]),
+            "m",
+            3,
+            &all,
+            &tol(),
+        );
+        assert_eq!(r.status, Status::Incomparable);
+        assert_eq!(
+            r.note,
+            Some(RowNote::Layout {
+                reference: vec![3, 2],
+                candidate: vec![2, 3]
+            })
+        );
+        // Just above the bound, but inside it once bf16 storage is allowed for.
+        let mut r = row();
+        r.storage_rel_l2 = 2f64.powi(-8);
+        let d = diff(&[1.001], &[1.0]);
+        set_float(&mut r, &d, &[1], &tol());
+        assert_eq!(r.status, Status::Match);
+        r.storage_rel_l2 = 0.0;
+        set_float(&mut r, &d, &[1], &tol());
+        assert_eq!(r.status, Status::Diverged);
     }
 }

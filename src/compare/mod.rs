@@ -54,9 +54,9 @@ pub use aligner::Aligner;
 pub use diff::{
     activation_storage_rel_l2, diff, dump_dtype_rel_l2, quant_rel_l2_bound, storage_half_ulp, Diff,
 };
-pub use divergence::{FirstDivergence, InputStatus};
+pub use divergence::{Cause, FirstDivergence, IndexerSignature, InputStatus, Reading, What};
 pub use driver::{compare, CmpVerdict, CompareOptions, Comparison, Exclusion, ModuleRow, Status};
-pub use graph::{short_name, Role};
+pub use graph::{short_name, Module, Role};
 pub use io::{meta, Act, ActError, Activations, Values};
 pub use logits::{entropy, garbage, logits_metrics, LogitsCmp};
 pub use metrics::{common_shape, MASKED};

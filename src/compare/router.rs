@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use serde::Serialize;
 
 use super::diff::diff;
-use super::driver::{ids_rows, Ctx, Exclusion, ExclusionCause, ModuleRow, Status};
+use super::driver::{ids_rows, Ctx, Exclusion, ExclusionCause, ModuleRow, RowNote, Status};
 use super::graph::{expert_act_call, ids_in, router_ids_alternatives};
 use super::io::Act;
 use super::metrics::{float_row, set_float};
@@ -53,11 +53,10 @@ pub(crate) fn compare_router_ids(
         Status::Diverged
     };
     if !flipped.is_empty() {
-        row.note = Some(format!(
-            "experts differ in {} of {n} tokens ({:?})",
-            flipped.len(),
-            flipped
-        ));
+        row.note = Some(RowNote::ExpertsDiffer {
+            flipped: flipped.clone(),
+            tokens: n,
+        });
     }
     let exclude = (row.status == Status::NearTie).then(|| Exclusion {
         module: key.to_string(),
@@ -110,9 +109,7 @@ pub(crate) fn compare_router_weights(cx: &Ctx, row: &mut ModuleRow, key: &str, r
     let d = diff(&a, &b);
     set_float(row, &d, &[a.len() / k.max(1), k.max(1)], cx.tol);
     if skipped > 0 {
-        row.note = Some(format!(
-            "{skipped} token(s) whose experts differ left out (see the router ids)"
-        ));
+        row.note = Some(RowNote::WeightsLeftOut { tokens: skipped });
     }
     row.positions_compared = cx.keep.partial();
 }
@@ -141,25 +138,27 @@ pub(crate) fn compare_expert_act(cx: &Ctx, row: &mut ModuleRow, key: &str, ra: &
             }
             if n == 0 {
                 row.status = Status::Skipped;
-                row.note = Some("no token routed to this expert in both dumps".into());
+                row.note = Some(RowNote::NoTokenRouted);
             } else {
                 let d = diff(&a, &b);
                 set_float(row, &d, &[n, cols], cx.tol);
-                row.note = Some(format!("expert {}, {n} token(s)", re.expert));
+                row.note = Some(RowNote::Expert {
+                    expert: re.expert,
+                    tokens: n,
+                });
             }
         }
         (Some(re), Some(ce), ..) => {
             row.status = Status::Skipped;
-            row.note = Some(format!(
-                "call #{} is expert {} in the reference, {} in the candidate (routing differs)",
-                expert_act_call(key).map_or(0, |x| x.1),
-                re.expert,
-                ce.expert
-            ));
+            row.note = Some(RowNote::RoutingDiffers {
+                call: expert_act_call(key).map_or(0, |x| x.1),
+                reference: re.expert,
+                candidate: ce.expert,
+            });
         }
         _ => {
             row.status = Status::Skipped;
-            row.note = Some("row order unknown (no router ids in a dump)".into());
+            row.note = Some(RowNote::RowOrderUnknown);
         }
     }
 }

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::diff::diff;
 use super::driver::{
-    get_f32, ids_rows, row_slice, Ctx, Exclusion, ExclusionCause, ModuleRow, Status,
+    get_f32, ids_rows, row_slice, Ctx, Exclusion, ExclusionCause, ModuleRow, RowNote, Status,
 };
 use super::io::{ancestor, Act};
 use super::metrics::{float_row, set_float};
@@ -207,9 +207,7 @@ pub(crate) fn compare_indexer_ids(
         }
     }
     if row.status == Status::Unclassified {
-        row.note = Some(
-            "the reference has no index_scores: a tie cannot be told from a divergence".into(),
-        );
+        row.note = Some(RowNote::NoIndexScores);
     }
     row.topk = Some(TopkCmp {
         k,
@@ -253,7 +251,7 @@ pub(crate) fn compare_index_scores(cx: &Ctx, row: &mut ModuleRow, key: &str, ra:
             set_float(row, &d, &[], cx.tol);
             row.max_abs_at = at.get(d.max_abs_at).cloned();
             row.positions_compared = cx.keep.partial();
-            row.note = Some("causal entries only".into());
+            row.note = Some(RowNote::CausalOnly);
         }
         _ => float_row(row, ra, ca, key, t, cx.keep, cx.tol),
     }

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::{num, table};
 use crate::activations::forward::ForwardOutcome;
-use crate::activations::{CmpVerdict, Comparison, ModuleRow, Role, Status, TieClass};
+use crate::compare::{CmpVerdict, Comparison, ModuleRow, Role, Status, TieClass};
 
 fn quoted(s: &str) -> String {
     format!("{s:?}")
@@ -164,7 +164,7 @@ pub fn comparison_text(c: &Comparison, all_modules: bool) -> String {
             hidden += 1;
             continue;
         }
-        let mut note = r.note.clone().unwrap_or_default();
+        let mut note = r.note.as_ref().map_or(String::new(), |n| n.to_string());
         if let Some(n) = r.positions_compared {
             if !note.is_empty() {
                 note.push_str("; ");

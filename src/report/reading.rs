@@ -7,7 +7,7 @@ use std::fmt;
 use serde::{Serialize, Serializer};
 
 use crate::compare::divergence::{Cause, IndexerSignature, Reading, What};
-use crate::compare::driver::{ExclusionCause, Note};
+use crate::compare::driver::{ExclusionCause, Note, RowNote};
 use crate::compare::graph::Module;
 use crate::compare::{short_name, Status};
 
@@ -272,4 +272,152 @@ macro_rules! serialize_as_sentence {
     )*};
 }
 
-serialize_as_sentence!(Reading, ExclusionCause, Note);
+impl fmt::Display for RowNote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RowNote::InputIdsDiffer => f.write_str("the input ids differ"),
+            RowNote::IdsLayout {
+                reference,
+                candidate,
+            } => write!(
+                f,
+                "shape {reference:?} vs {candidate:?}: not the same layout, not compared"
+            ),
+            RowNote::NotIds {
+                reference,
+                candidate,
+            } => write!(
+                f,
+                "{reference:?} vs {candidate:?}: not integer [T, k] ids in both dumps, not compared"
+            ),
+            RowNote::NoIndexScores => f.write_str(
+                "the reference has no index_scores: a tie cannot be told from a divergence",
+            ),
+            RowNote::ExpertsDiffer { flipped, tokens } => {
+                f.write_str(&experts_differ(flipped, *tokens))
+            }
+            RowNote::WeightsLeftOut { tokens } => write!(
+                f,
+                "{tokens} token(s) whose experts differ left out (see the router ids)"
+            ),
+            RowNote::NoTokenRouted => f.write_str("no token routed to this expert in both dumps"),
+            RowNote::Expert { expert, tokens } => write!(f, "expert {expert}, {tokens} token(s)"),
+            RowNote::RoutingDiffers {
+                call,
+                reference,
+                candidate,
+            } => write!(
+                f,
+                "call #{call} is expert {reference} in the reference, {candidate} in the \
+                 candidate (routing differs)"
+            ),
+            RowNote::RowOrderUnknown => f.write_str("row order unknown (no router ids in a dump)"),
+            RowNote::CausalOnly => f.write_str("causal entries only"),
+            RowNote::Logits {
+                kl_mean,
+                kl_max,
+                top1,
+                positions,
+            } => write!(
+                f,
+                "KL mean {kl_mean:.2e} (max {kl_max:.2e}), top-1 {top1}/{positions}"
+            ),
+            RowNote::AfterTieBreak => f.write_str("every position follows a tie-break"),
+            RowNote::NotFloat {
+                reference,
+                candidate,
+            } => write!(
+                f,
+                "dtype {reference:?} vs {candidate:?}: not both float, not compared"
+            ),
+            RowNote::Layout {
+                reference,
+                candidate,
+            } => write!(
+                f,
+                "shape {reference:?} vs {candidate:?}: not the same layout (transposed or \
+                 rearranged?), not compared"
+            ),
+            RowNote::Unmasked { entries } => {
+                write!(f, "{entries} entries the reference masks are not masked")
+            }
+        }
+    }
+}
+
+serialize_as_sentence!(Reading, ExclusionCause, Note, RowNote);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reading(what: What, cause: Cause) -> Reading {
+        Reading {
+            module: "model.layers.2.self_attn.kv_b_proj".into(),
+            what,
+            cause,
+            indexer: None,
+        }
+    }
+
+    #[test]
+    fn readings_in_words() {
+        let r = reading(
+            What::Output { rel_l2: 1.3217 },
+            Cause::InputsMatch {
+                inputs: vec!["model.layers.2.self_attn.kv_a_layernorm".into()],
+                up_to_ties: false,
+                suspect: Module::KvB,
+            },
+        );
+        assert_eq!(
+            r.to_string(),
+            "kv_b_proj output diverges (rel-L2 1.32e0) while its input kv_a_layernorm matches: \
+             suspect the kv_b_proj weight (rebuilt from attn_k_b/attn_v_b: rows per head \
+             [k_nope | v])"
+        );
+        assert_eq!(
+            serde_json::to_value(&r).expect("json"),
+            serde_json::Value::String(r.to_string())
+        );
+        let r = reading(
+            What::Topk,
+            Cause::Upstream {
+                missing: vec!["a.b".into(), "a.c".into()],
+                suspect: Module::IdxTopk,
+            },
+        );
+        assert!(r.to_string().starts_with(
+            "kv_b_proj top-k differs beyond ties; its inputs a.b, a.c are not compared"
+        ));
+        let mut r = reading(What::Module, Cause::OnlyLogits);
+        r.indexer = Some(IndexerSignature {
+            index_topk: 8,
+            kl_before: 1e-6,
+            kl_after: 0.5,
+            first_bad: 9,
+        });
+        let s = r.to_string();
+        assert!(
+            s.contains("to a module; the logits agree closely below index_topk (8; mean KL 1.0e-6) and diverge from position 9 on (mean KL 5.0e-1)"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn causes_and_notes_in_words() {
+        let c = ExclusionCause::Topk {
+            status: Status::NearTie,
+            pos: 25,
+        };
+        assert_eq!(c.to_string(), "a near-tie top-k choice at position 25");
+        let pairs: Vec<(String, String)> =
+            (0..5).map(|i| (format!("x{i}"), format!("y{i}"))).collect();
+        assert_eq!(
+            Note::Renamed(pairs).to_string(),
+            "5 module(s) matched under another name: x0 → y0, x1 → y1, x2 → y2, x3 → y3, …"
+        );
+        assert_eq!(Status::Diverged.name(), "DIVERGED");
+        assert_eq!(suspect(Module::Unknown), "this module");
+    }
+}
