@@ -2,7 +2,7 @@
 //! the DSA indexer's top-k as sets with ties told apart from divergence, router choices, logit
 //! metrics, tolerances by compute dtype and weight quantization, and the first divergence in
 //! execution order with a typed reading. No printing and no sentences: the wording is in
-//! [`crate::report::forward`].
+//! [`crate::report::reading`] (readings, notes, suspects) and [`crate::report::forward`] (tables).
 //!
 //! # Dumps
 //! A dump is a safetensors file of module outputs keyed by HF module path (the fixtures'

@@ -157,7 +157,8 @@ pub(crate) fn compare_indexer_ids(
 ) -> Option<Exclusion> {
     let t = cx.t;
     let (rr, cr) = ids_rows(ra, ca, t, row)?;
-    let k = ra.shape[1];
+    // The ids' last dim: `[T, k]`, or `[1, T, k]` when both dumps kept the batch dim.
+    let k = ra.shape.last().copied().unwrap_or(0);
     let scores_key = cx.graph.scores_of(key);
     let rs = scores_key
         .and_then(|s| get_f32(cx.reference, s))
@@ -260,6 +261,13 @@ pub(crate) fn compare_index_scores(cx: &Ctx, row: &mut ModuleRow, key: &str, ra:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compare::driver::{compare, CompareOptions};
+    use crate::compare::io::{Activations, Values};
+    use crate::compare::metrics::MASKED;
+    use crate::compare::tolerance::{ComputeDtype, Tolerances};
+    use crate::gguf::GgmlType;
+    use crate::model::names::{conv, LayerPaths};
+    use safetensors::Dtype;
 
     /// Query 3 of 4 keys, k = 2; the reference scores keys 0..=3 as `scores`.
     fn classify(ref_ids: &[i64], cand_ids: &[i64], scores: &[f32]) -> Option<TopkRow> {
@@ -325,5 +333,76 @@ mod tests {
         assert_eq!(topk_status(&bad), Status::Diverged);
         let unknown = [row(TieClass::Unavailable), row(TieClass::ExactTie)];
         assert_eq!(topk_status(&unknown), Status::Unclassified);
+    }
+
+    fn dumps(ids_shape: &[usize]) -> (Activations, Activations) {
+        let ix = LayerPaths::new(0, false)
+            .expect("paths")
+            .attn
+            .indexer
+            .module;
+        let scores_key = format!("{ix}.{}", conv::IDX_SCORES);
+        let scores: Vec<f32> = [
+            [1.0, MASKED, MASKED, MASKED],
+            [2.0, 1.0, MASKED, MASKED],
+            [4.0, 3.0, 1.0, MASKED],
+            [5.0, 3.0, 3.0, 1.0],
+        ]
+        .concat();
+        let make = |last: [i64; 2]| {
+            let mut a = Activations {
+                tokens: Some(vec![1, 2, 3, 4]),
+                ..Default::default()
+            };
+            let ids = [[0, -1], [0, 1], [0, 1], last].concat();
+            a.tensors.insert(
+                scores_key.clone(),
+                Act {
+                    dtype: Dtype::F32,
+                    shape: vec![4, 4],
+                    values: Values::F32(scores.clone()),
+                },
+            );
+            a.tensors.insert(
+                ix.clone(),
+                Act {
+                    dtype: Dtype::I64,
+                    shape: ids_shape.to_vec(),
+                    values: Values::I64(ids),
+                },
+            );
+            a.order = vec![scores_key.clone(), ix.clone()];
+            a.ordered_by_producer = 2;
+            a
+        };
+        (make([0, 1]), make([0, 2]))
+    }
+
+    #[test]
+    fn a_tie_leaves_the_later_positions_out() {
+        let opts = CompareOptions {
+            tolerances: Tolerances::for_profile(ComputeDtype::F32, GgmlType::F32),
+            index_topk: Some(2),
+        };
+        // [T, k], and [1, T, k] when both dumps kept the batch dim: k is the last dim.
+        for shape in [vec![4, 2], vec![1, 4, 2]] {
+            let (r, c) = dumps(&shape);
+            let cmp = compare(&r, &c, &opts).expect("compare");
+            let row = cmp.modules.last().expect("row");
+            assert_eq!(row.status, Status::Tie, "{shape:?}");
+            let topk = row.topk.as_ref().expect("topk");
+            assert_eq!((topk.k, topk.positions, topk.rows.len()), (2, 4, 1));
+            assert_eq!(topk.rows[0].class, TieClass::ExactTie);
+            assert_eq!(cmp.exclusions.len(), 1);
+            assert_eq!(cmp.exclusions[0].positions, vec![3]);
+            assert_eq!(
+                cmp.exclusions[0].cause,
+                ExclusionCause::Topk {
+                    status: Status::Tie,
+                    pos: 3
+                }
+            );
+            assert!(cmp.first_divergence.is_none());
+        }
     }
 }
