@@ -9,3 +9,8 @@ pub mod forward;
 pub mod tp;
 
 pub use crate::compare::*;
+
+/// The old name of [`crate::compare::ValueKind`] (what kind of value a captured key holds), kept so
+/// that code written against `activations::Role` still builds; `arch::glm_dsa::Role` is the tensor
+/// role. Remove once nothing uses it.
+pub type Role = crate::compare::ValueKind;

@@ -13,7 +13,7 @@ use candle_core::Device;
 use common::rewrite_safetensors;
 use glmcheck::activations::forward::{self, ForwardSpec};
 use glmcheck::activations::{
-    weight_class, Activations, ComputeDtype, Role, Status, TieClass, Tolerances,
+    weight_class, Activations, ComputeDtype, Status, TieClass, Tolerances, ValueKind,
 };
 use glmcheck::arch::config::ConfigReader;
 use glmcheck::gguf::{GgufModel, Value};
@@ -745,8 +745,10 @@ fn measured_figures_sit_inside_their_profiles() {
                 for row in &c.modules {
                     if let Some(x) = row.rel_l2 {
                         match row.role {
-                            Role::IndexerScores => scores = scores.max(x),
-                            Role::Float | Role::ExpertAct | Role::RouterWeights if x > worst.0 => {
+                            ValueKind::IndexerScores => scores = scores.max(x),
+                            ValueKind::Float | ValueKind::ExpertAct | ValueKind::RouterWeights
+                                if x > worst.0 =>
+                            {
                                 worst = (x, row.name.clone())
                             }
                             _ => {}

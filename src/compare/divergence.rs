@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use serde::Serialize;
 
 use super::driver::{ModuleRow, Status};
-use super::graph::{Graph, Module, Role};
+use super::graph::{Graph, Module, ValueKind};
 use super::logits::LogitsCmp;
 use super::tolerance::{ReferenceWeights, Tolerances};
 
@@ -154,13 +154,13 @@ pub(crate) fn locate(
 
 fn what(r: &ModuleRow) -> What {
     match r.role {
-        Role::IndexerIds => What::Topk,
-        Role::RouterIds => What::Experts {
+        ValueKind::IndexerIds => What::Topk,
+        ValueKind::RouterIds => What::Experts {
             flipped: r.router.as_ref().map_or(Vec::new(), |x| x.flipped.clone()),
             tokens: r.router.as_ref().map_or(0, |x| x.tokens),
         },
-        Role::InputIds => What::InputIds,
-        Role::Logits => What::Module,
+        ValueKind::InputIds => What::InputIds,
+        ValueKind::Logits => What::Module,
         _ => r
             .rel_l2
             .map_or(What::Module, |rel_l2| What::Output { rel_l2 }),
@@ -235,14 +235,16 @@ pub(crate) fn at_output(
 ) {
     let lm_head = graph.lm_head();
     let at_output =
-        graph.node(&f.module).role == Role::Logits || lm_head == Some(f.module.as_str());
+        graph.node(&f.module).role == ValueKind::Logits || lm_head == Some(f.module.as_str());
     if !at_output {
         return;
     }
     let inner = rows
         .iter()
         .filter(|r| {
-            r.role != Role::Logits && r.role != Role::InputIds && lm_head != Some(r.name.as_str())
+            r.role != ValueKind::Logits
+                && r.role != ValueKind::InputIds
+                && lm_head != Some(r.name.as_str())
         })
         .count();
     f.reading.indexer = logits.and_then(|l| indexer_signature(l, index_topk, tol));

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::diff::activation_storage_rel_l2;
 use super::divergence::{at_output, locate, no_indexer, FirstDivergence};
-use super::graph::{Graph, Role};
+use super::graph::{Graph, ValueKind};
 use super::io::{meta, Act, ActError, Activations};
 use super::logits::{judge_logits, LogitsCmp};
 use super::metrics::{float_row, Keep};
@@ -47,7 +47,7 @@ impl Status {
 pub struct ModuleRow {
     pub name: String,
     pub layer: Option<usize>,
-    pub role: Role,
+    pub role: ValueKind,
     pub status: Status,
     pub rel_l2: Option<f64>,
     pub cosine: Option<f64>,
@@ -365,32 +365,32 @@ impl Walk<'_> {
             status_of: &self.status_of,
         };
         let exclude = match node.role {
-            Role::InputIds => {
+            ValueKind::InputIds => {
                 if ra.values != ca.values || ra.shape != ca.shape {
                     row.status = Status::Diverged;
                     row.note = Some(RowNote::InputIdsDiffer);
                 }
                 None
             }
-            Role::IndexerIds => compare_indexer_ids(&cx, &mut row, key, ra, ca),
-            Role::RouterIds => compare_router_ids(&cx, &mut row, key, ra, ca),
-            Role::RouterWeights => {
+            ValueKind::IndexerIds => compare_indexer_ids(&cx, &mut row, key, ra, ca),
+            ValueKind::RouterIds => compare_router_ids(&cx, &mut row, key, ra, ca),
+            ValueKind::RouterWeights => {
                 compare_router_weights(&cx, &mut row, key, ra, ca);
                 None
             }
-            Role::ExpertAct => {
+            ValueKind::ExpertAct => {
                 compare_expert_act(&cx, &mut row, key, ra, ca);
                 None
             }
-            Role::IndexerScores => {
+            ValueKind::IndexerScores => {
                 compare_index_scores(&cx, &mut row, key, ra, ca);
                 None
             }
-            Role::Float => {
+            ValueKind::Float => {
                 float_row(&mut row, ra, ca, key, self.t, &self.keep, self.tol);
                 None
             }
-            Role::Logits => {
+            ValueKind::Logits => {
                 float_row(&mut row, ra, ca, key, self.t, &self.keep, self.tol);
                 if let Some(lc) = judge_logits(&cx, &mut row, ra, ca) {
                     if self.logits.is_none() || key == conv::LOGITS {

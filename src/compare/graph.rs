@@ -10,7 +10,7 @@ use crate::model::names::{conv, LayerPaths, MlpKind, ModelPaths};
 /// What kind of value a key holds; decides how it is compared and read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Role {
+pub enum ValueKind {
     InputIds,
     Float,
     /// The DSA indexer's top-k key ids `[T, k]` (and its copies in the layer / attention tuples).
@@ -117,12 +117,18 @@ pub(crate) struct Alt {
 pub(crate) struct Row {
     module: Module,
     scope: Scope,
-    role: Role,
+    role: ValueKind,
     aux: bool,
     inputs: &'static [Alt],
 }
 
-const fn row(module: Module, scope: Scope, role: Role, aux: bool, inputs: &'static [Alt]) -> Row {
+const fn row(
+    module: Module,
+    scope: Scope,
+    role: ValueKind,
+    aux: bool,
+    inputs: &'static [Alt],
+) -> Row {
     Row {
         module,
         scope,
@@ -141,10 +147,10 @@ const fn when(when: &'static [Module], inputs: &'static [Module]) -> Alt {
 }
 
 use Module as M;
-use Role::{
+use Scope::{Layer as L, Model as G, Output as O};
+use ValueKind::{
     ExpertAct, Float, IndexerIds, IndexerScores, InputIds, Logits, RouterIds, RouterWeights,
 };
-use Scope::{Layer as L, Model as G, Output as O};
 
 /// Index scores from the indexer's q, k and head weights when a dump holds them, else from the
 /// projections they come from.
@@ -305,7 +311,7 @@ fn layer_path(lp: &LayerPaths, m: Module) -> Option<String> {
 #[derive(Debug, Clone)]
 pub(crate) struct Node {
     pub(crate) module: Module,
-    pub(crate) role: Role,
+    pub(crate) role: ValueKind,
     pub(crate) layer: Option<usize>,
     pub(crate) inputs: Vec<String>,
     /// A capture beyond the module outputs (tuple elements, aliases, recomputed extras).
@@ -466,7 +472,7 @@ impl Graph {
     pub(crate) fn node(&self, key: &str) -> Node {
         self.nodes.get(key).cloned().unwrap_or(Node {
             module: Module::Unknown,
-            role: Role::Float,
+            role: ValueKind::Float,
             layer: layer_of(key),
             inputs: Vec::new(),
             aux: true,
@@ -481,7 +487,7 @@ impl Graph {
     /// An indexer's own top-k (not a copy handed on).
     pub(crate) fn is_indexer(&self, key: &str) -> bool {
         let n = self.node(key);
-        n.role == Role::IndexerIds && !n.aux
+        n.role == ValueKind::IndexerIds && !n.aux
     }
 
     /// The key of `module` in the layer of `key`.
@@ -570,7 +576,7 @@ mod tests {
         let n = g.node(&a.q_b);
         assert_eq!(
             (n.module, n.role, n.layer, n.aux),
-            (Module::QB, Role::Float, Some(1), false)
+            (Module::QB, ValueKind::Float, Some(1), false)
         );
         // Neither index scores nor q/k captured: the top-k is computed from the projections.
         assert_eq!(
@@ -593,7 +599,7 @@ mod tests {
         let g = Graph::new(&keys(&[&ix.module, &scores, &probs, &v]));
         assert_eq!(inputs(&g, &ix.module), vec![scores.clone()]);
         assert_eq!(inputs(&g, &a.o), vec![probs.clone(), v.clone()]);
-        assert_eq!(g.node(&scores).role, Role::IndexerScores);
+        assert_eq!(g.node(&scores).role, ValueKind::IndexerScores);
         // Without the value states o_proj reads from the projections and the indexer.
         let g = Graph::new(&keys(&[&ix.module, &probs]));
         assert_eq!(
@@ -621,9 +627,9 @@ mod tests {
         let act2 = format!("{experts}.{}#2", conv::ACT);
         let ids = format!("{gate}.{}", conv::TOPK_INDICES);
         let g = Graph::new(&keys(&[gate, &act2]));
-        assert_eq!(g.node(&act2).role, Role::ExpertAct);
+        assert_eq!(g.node(&act2).role, ValueKind::ExpertAct);
         assert_eq!(inputs(&g, &act2), vec![lp.post_norm.clone(), ids.clone()]);
-        assert_eq!(g.node(&ids).role, Role::RouterIds);
+        assert_eq!(g.node(&ids).role, ValueKind::RouterIds);
         assert_eq!(g.router_of(&format!("{gate}.1")), Some(gate));
         assert_eq!(
             inputs(&g, &lp.mlp.module),
@@ -646,7 +652,7 @@ mod tests {
         let g = Graph::new(&keys(&[&l2.layer]));
         assert_eq!(inputs(&g, &mp.norm), vec![l2.layer.clone()]);
         assert_eq!(inputs(&g, &mp.lm_head), vec![mp.norm.clone()]);
-        assert_eq!(g.node(conv::LOGITS).role, Role::Logits);
+        assert_eq!(g.node(conv::LOGITS).role, ValueKind::Logits);
         assert_eq!(g.lm_head(), Some(mp.lm_head.as_str()));
         assert_eq!(inputs(&g, &mp.embed), vec![conv::INPUT_IDS.to_string()]);
     }

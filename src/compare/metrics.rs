@@ -210,7 +210,7 @@ pub(crate) fn float_row(
 mod tests {
     use super::*;
     use crate::compare::driver::ModuleRow;
-    use crate::compare::graph::Role;
+    use crate::compare::graph::ValueKind;
     use crate::compare::io::Values;
     use crate::compare::tolerance::ComputeDtype;
     use crate::gguf::GgmlType;
@@ -228,7 +228,7 @@ mod tests {
         ModuleRow {
             name: "m".into(),
             layer: None,
-            role: Role::Float,
+            role: ValueKind::Float,
             status: Status::Match,
             rel_l2: None,
             cosine: None,

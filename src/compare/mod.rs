@@ -56,7 +56,7 @@ pub use diff::{
 };
 pub use divergence::{Cause, FirstDivergence, IndexerSignature, InputStatus, Reading, What};
 pub use driver::{compare, CmpVerdict, CompareOptions, Comparison, Exclusion, ModuleRow, Status};
-pub use graph::{short_name, Module, Role};
+pub use graph::{short_name, Module, ValueKind};
 pub use io::{meta, Act, ActError, Activations, Values};
 pub use logits::{entropy, garbage, logits_metrics, LogitsCmp};
 pub use metrics::{common_shape, MASKED};

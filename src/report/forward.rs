@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::{num, table};
 use crate::activations::forward::ForwardOutcome;
-use crate::compare::{CmpVerdict, Comparison, ModuleRow, Role, Status, TieClass};
+use crate::compare::{CmpVerdict, Comparison, ModuleRow, Status, TieClass, ValueKind};
 
 fn quoted(s: &str) -> String {
     format!("{s:?}")
@@ -216,7 +216,7 @@ fn topk_differences(c: &Comparison, all_modules: bool) -> String {
     for r in c
         .modules
         .iter()
-        .filter(|r| r.role == Role::IndexerIds && !r.aux)
+        .filter(|r| r.role == ValueKind::IndexerIds && !r.aux)
     {
         let Some(tk) = &r.topk else { continue };
         for d in &tk.rows {
