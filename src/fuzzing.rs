@@ -6,8 +6,8 @@
 
 use std::path::Path;
 
-use crate::activations::{compare, Activations, CompareOptions, ComputeDtype, Tolerances, Values};
 use crate::arch::config::ConfigReader;
+use crate::compare::{compare, Activations, CompareOptions, ComputeDtype, Tolerances, Values};
 use crate::dump::RankFile;
 use crate::gguf::{GgmlType, GgufFile, GgufModel};
 use crate::inspect::InspectReport;

@@ -13,7 +13,7 @@ use candle_core::Device;
 use common::rewrite_safetensors;
 use glmcheck::activations::forward::{self, ForwardSpec};
 use glmcheck::activations::{
-    weight_class, Activations, ComputeDtype, Role, Status, TieClass, Tolerances,
+    weight_class, Activations, ComputeDtype, Status, TieClass, Tolerances, ValueKind,
 };
 use glmcheck::arch::config::ConfigReader;
 use glmcheck::gguf::{GgufModel, Value};
@@ -427,11 +427,10 @@ fn f32_tolerances_reject_quantized_weights() {
         .first_divergence
         .expect("Q8_0 weights exceed the F32 bound");
     assert_eq!(f.module, "model.embed_tokens", "{f:?}");
+    let reading = f.reading.to_string();
     assert!(
-        f.reading
-            .contains("while its input input_ids matches: suspect the token embedding"),
-        "{}",
-        f.reading
+        reading.contains("while its input input_ids matches: suspect the token embedding"),
+        "{reading}"
     );
 }
 
@@ -739,8 +738,10 @@ fn measured_figures_sit_inside_their_profiles() {
                 for row in &c.modules {
                     if let Some(x) = row.rel_l2 {
                         match row.role {
-                            Role::IndexerScores => scores = scores.max(x),
-                            Role::Float | Role::ExpertAct | Role::RouterWeights if x > worst.0 => {
+                            ValueKind::IndexerScores => scores = scores.max(x),
+                            ValueKind::Float | ValueKind::ExpertAct | ValueKind::RouterWeights
+                                if x > worst.0 =>
+                            {
                                 worst = (x, row.name.clone())
                             }
                             _ => {}

@@ -5,6 +5,7 @@
 pub mod dequant;
 pub mod error;
 pub mod model;
+pub mod noise;
 pub mod reader;
 pub mod types;
 pub mod value;

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::{num, table};
 use crate::activations::forward::ForwardOutcome;
-use crate::activations::{CmpVerdict, Comparison, ModuleRow, Role, Status, TieClass};
+use crate::compare::{CmpVerdict, Comparison, ModuleRow, Status, TieClass, ValueKind};
 
 fn quoted(s: &str) -> String {
     format!("{s:?}")
@@ -141,6 +141,17 @@ fn at(r: &ModuleRow) -> String {
 
 /// The per-module table, the tie details, the logits and the first divergence.
 pub fn comparison_text(c: &Comparison, all_modules: bool) -> String {
+    let mut out = module_table(c, all_modules);
+    out.push_str(&topk_differences(c, all_modules));
+    out.push_str(&exclusions_text(c));
+    out.push_str(&logits_text(c));
+    out.push_str(&lists_text(c));
+    out.push_str(&divergence_text(c));
+    out
+}
+
+/// The tolerances line and the per-module table.
+fn module_table(c: &Comparison, all_modules: bool) -> String {
     let mut out = String::new();
     let tol = &c.tolerances;
     out.push_str(&format!(
@@ -165,7 +176,7 @@ pub fn comparison_text(c: &Comparison, all_modules: bool) -> String {
             hidden += 1;
             continue;
         }
-        let mut note = r.note.clone().unwrap_or_default();
+        let mut note = r.note.as_ref().map_or(String::new(), |n| n.to_string());
         if let Some(n) = r.positions_compared {
             if !note.is_empty() {
                 note.push_str("; ");
@@ -196,12 +207,17 @@ pub fn comparison_text(c: &Comparison, all_modules: bool) -> String {
         ));
     }
 
-    // Top-k differences, each with its margin and class.
+    out
+}
+
+/// Each indexer top-k difference with its margin and class.
+fn topk_differences(c: &Comparison, all_modules: bool) -> String {
+    let mut out = String::new();
     let mut lines = Vec::new();
     for r in c
         .modules
         .iter()
-        .filter(|r| r.role == Role::IndexerIds && !r.aux)
+        .filter(|r| r.role == ValueKind::IndexerIds && !r.aux)
     {
         let Some(tk) = &r.topk else { continue };
         for d in &tk.rows {
@@ -250,6 +266,12 @@ pub fn comparison_text(c: &Comparison, all_modules: bool) -> String {
             ));
         }
     }
+    out
+}
+
+/// Positions left out after ties.
+fn exclusions_text(c: &Comparison) -> String {
+    let mut out = String::new();
     for e in &c.exclusions {
         let what = match (e.from_on, e.positions.first()) {
             (true, Some(p)) => format!("every position from {p} on"),
@@ -274,6 +296,12 @@ pub fn comparison_text(c: &Comparison, all_modules: bool) -> String {
         ));
     }
 
+    out
+}
+
+/// The logits' metrics and entropy.
+fn logits_text(c: &Comparison) -> String {
+    let mut out = String::new();
     if let Some(l) = &c.logits {
         out.push_str(&format!(
             "logits over {} position(s): KL(ref‖cand) mean {} max {} (position {}), top-1 agrees at {}/{} ({:.1} %), RMS Δp of the reference's top token {}, max-abs {}\n",
@@ -302,6 +330,12 @@ pub fn comparison_text(c: &Comparison, all_modules: bool) -> String {
             }
         ));
     }
+    out
+}
+
+/// Keys only one dump has, notes, incomparable modules.
+fn lists_text(c: &Comparison) -> String {
+    let mut out = String::new();
     let list = |v: &[String]| -> String {
         let mut s = v.iter().take(8).cloned().collect::<Vec<_>>().join(", ");
         if v.len() > 8 {
@@ -338,6 +372,12 @@ pub fn comparison_text(c: &Comparison, all_modules: bool) -> String {
             list(&c.incomparable)
         ));
     }
+    out
+}
+
+/// The first divergence and the verdict.
+fn divergence_text(c: &Comparison) -> String {
+    let mut out = String::new();
     match &c.first_divergence {
         None if c.verdict() == CmpVerdict::Incomplete => {
             out.push_str("first divergence: none among the modules compared\nverdict: incomplete\n")

@@ -3,6 +3,7 @@
 pub mod forward;
 pub mod hf_config;
 pub mod notes;
+pub mod reading;
 
 use comfy_table::{presets, ContentArrangement, Table};
 

@@ -1,4 +1,5 @@
-//! Metrics and tolerances. No printing.
+//! How two float tensors differ (rel-L2, cosine, max-abs), and the noise storage and quantization
+//! may put between them. Used for weights (shards, faults) and activations alike. No printing.
 
 use serde::Serialize;
 
@@ -53,24 +54,10 @@ pub fn diff(cand: &[f32], reference: &[f32]) -> Diff {
     }
 }
 
-/// The relative L2 error a weight stored as `t` may legitimately carry against its f32 original.
-///
-/// Uniform rounding on a b-bit grid scaled to a block's absmax gives rel-L2 ≈ absmax / (2^(b−1)·√3·σ);
-/// with Gaussian weights (absmax ≈ 2.5–3.5σ per block) that is ≈0.5 % for Q8_0, ≈3 % for 6-bit,
-/// ≈6 % for 5-bit and ≈12 % for 4-bit types. The bounds below add headroom; measured values on the
-/// fixtures are in fixtures/README.md and reports/.
+/// The relative L2 error a weight stored as `t` may legitimately carry against its f32 original:
+/// [`GgmlType::noise_rel_l2`], the one quantization-noise table (src/gguf/noise.rs).
 pub fn quant_rel_l2_bound(t: GgmlType) -> f64 {
-    match t.name {
-        "F32" | "F64" => 1e-6,
-        "F16" => 1e-3,
-        "BF16" => 6e-3,
-        "Q8_0" | "Q8_1" | "Q8_K" => 1.2e-2,
-        "Q6_K" => 4e-2,
-        "Q5_0" | "Q5_1" | "Q5_K" => 8e-2,
-        "Q4_0" | "Q4_1" | "Q4_K" | "IQ4_NL" | "IQ4_XS" | "MXFP4" | "NVFP4" => 0.16,
-        "Q3_K" | "IQ3_XXS" | "IQ3_S" => 0.3,
-        _ => 0.6,
-    }
+    t.noise_rel_l2()
 }
 
 /// Rounding error of storing f32 values as this float dtype (of a dump), as rel-L2.

@@ -1,0 +1,164 @@
+//! Routed experts: which experts each token chose, the weights paired with them, and each routed
+//! expert's activations on the tokens routed to it.
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+
+use super::diff::diff;
+use super::driver::{ids_rows, Ctx, Exclusion, ExclusionCause, ModuleRow, RowNote, Status};
+use super::graph::{expert_act_call, ids_in, router_ids_alternatives};
+use super::io::Act;
+use super::metrics::{float_row, set_float};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RouterCmp {
+    pub tokens: usize,
+    /// Tokens whose expert sets differ.
+    pub flipped: Vec<usize>,
+}
+
+/// Router expert ids `[T, k]`, compared as sets per token. A few flips while the router logits
+/// match are near-ties: those tokens are left out of later comparisons (the returned exclusion).
+pub(crate) fn compare_router_ids(
+    cx: &Ctx,
+    row: &mut ModuleRow,
+    key: &str,
+    ra: &Act,
+    ca: &Act,
+) -> Option<Exclusion> {
+    let (rr, cr) = ids_rows(ra, ca, cx.t, row)?;
+    let set = |r: &[i64]| r.iter().copied().collect::<BTreeSet<i64>>();
+    let n = cx.keep.kept();
+    let flipped: Vec<usize> = cx
+        .keep
+        .rows()
+        .filter(|&i| set(&rr[i]) != set(&cr[i]))
+        .collect();
+    let logits_ok = cx
+        .graph
+        .router_of(key)
+        .and_then(|logits| cx.status_of.get(logits))
+        .is_some_and(|(s, _)| *s == Status::Match);
+    let frac = if n == 0 {
+        0.0
+    } else {
+        flipped.len() as f64 / n as f64
+    };
+    row.status = if flipped.is_empty() {
+        Status::Match
+    } else if logits_ok && frac <= cx.tol.router_flip_max {
+        Status::NearTie
+    } else {
+        Status::Diverged
+    };
+    if !flipped.is_empty() {
+        row.note = Some(RowNote::ExpertsDiffer {
+            flipped: flipped.clone(),
+            tokens: n,
+        });
+    }
+    let exclude = (row.status == Status::NearTie).then(|| Exclusion {
+        module: key.to_string(),
+        positions: flipped.clone(),
+        from_on: false,
+        cause: ExclusionCause::NearTiedExperts,
+    });
+    row.router = Some(RouterCmp { tokens: n, flipped });
+    row.positions_compared = cx.keep.partial();
+    exclude
+}
+
+/// Router weights `[T, k]`, each paired with its expert id by the dump's own ids (the slot order
+/// of the top-k is an implementation detail): its tuple sibling `gate.2` or `topk_indices`.
+pub(crate) fn compare_router_weights(cx: &Ctx, row: &mut ModuleRow, key: &str, ra: &Act, ca: &Act) {
+    let t = cx.t;
+    let ids = cx.graph.router_of(key).and_then(|gate| {
+        let keys = router_ids_alternatives(gate);
+        let own = if key.ends_with(".1") {
+            keys.iter().rev().cloned().collect::<Vec<_>>()
+        } else {
+            keys
+        };
+        Some((ids_in(cx.reference, &own)?, ids_in(cx.cand, &own)?))
+    });
+    let k = ra.shape.last().copied().unwrap_or(0);
+    let (Some((ri, ci)), Some(rw), Some(cw)) = (ids, ra.f32(), ca.f32()) else {
+        return float_row(row, ra, ca, key, t, cx.keep, cx.tol);
+    };
+    if !(ra.shape == ca.shape && ri.len() == t && ci.len() == t && rw.len() == t * k) {
+        return float_row(row, ra, ca, key, t, cx.keep, cx.tol);
+    }
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let mut skipped = 0;
+    for i in cx.keep.rows() {
+        let pairs = |ids: &[i64], w: &[f32]| {
+            let mut p: Vec<(i64, f32)> = ids.iter().copied().zip(w.iter().copied()).collect();
+            p.sort_by_key(|x| x.0);
+            p
+        };
+        let rp = pairs(ri[i], &rw[i * k..(i + 1) * k]);
+        let cp = pairs(ci[i], &cw[i * k..(i + 1) * k]);
+        if rp.iter().map(|x| x.0).ne(cp.iter().map(|x| x.0)) {
+            skipped += 1;
+            continue;
+        }
+        b.extend(rp.iter().map(|x| x.1));
+        a.extend(cp.iter().map(|x| x.1));
+    }
+    let d = diff(&a, &b);
+    set_float(row, &d, &[a.len() / k.max(1), k.max(1)], cx.tol);
+    if skipped > 0 {
+        row.note = Some(RowNote::WeightsLeftOut { tokens: skipped });
+    }
+    row.positions_compared = cx.keep.partial();
+}
+
+/// One routed expert's `act_fn#n` rows, matched by token (both dumps' rows are in token order).
+pub(crate) fn compare_expert_act(cx: &Ctx, row: &mut ModuleRow, key: &str, ra: &Act, ca: &Act) {
+    let (re, ce) = (
+        cx.reference.expert_rows.get(key),
+        cx.cand.expert_rows.get(key),
+    );
+    match (re, ce, ra.f32(), ca.f32()) {
+        (Some(re), Some(ce), Some(rv), Some(cv)) if re.expert == ce.expert => {
+            let cols = ra.shape.get(1).copied().unwrap_or(0);
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            let mut n = 0;
+            for (ri, tok) in re.tokens.iter().enumerate() {
+                if !cx.keep.has(*tok) {
+                    continue;
+                }
+                let Some(ci) = ce.tokens.iter().position(|x| x == tok) else {
+                    continue;
+                };
+                b.extend_from_slice(&rv[ri * cols..(ri + 1) * cols]);
+                a.extend_from_slice(&cv[ci * cols..(ci + 1) * cols]);
+                n += 1;
+            }
+            if n == 0 {
+                row.status = Status::Skipped;
+                row.note = Some(RowNote::NoTokenRouted);
+            } else {
+                let d = diff(&a, &b);
+                set_float(row, &d, &[n, cols], cx.tol);
+                row.note = Some(RowNote::Expert {
+                    expert: re.expert,
+                    tokens: n,
+                });
+            }
+        }
+        (Some(re), Some(ce), ..) => {
+            row.status = Status::Skipped;
+            row.note = Some(RowNote::RoutingDiffers {
+                call: expert_act_call(key).map_or(0, |x| x.1),
+                reference: re.expert,
+                candidate: ce.expert,
+            });
+        }
+        _ => {
+            row.status = Status::Skipped;
+            row.note = Some(RowNote::RowOrderUnknown);
+        }
+    }
+}
