@@ -4,7 +4,7 @@
 use serde::{Serialize, Serializer};
 
 use super::{human_bytes, num, shape, table};
-use crate::shards::{rank_list, Cause, Finding, UncheckedReason};
+use crate::shards::{rank_list, Cause, Finding, KvbPart, Problem, UncheckedReason};
 
 /// Human output of `shards` (the plan).
 pub fn shards_text(plan: &crate::plan::ShardPlan, rows: &[&crate::plan::ParamPlan]) -> String {
@@ -87,7 +87,11 @@ pub fn verify_text(r: &crate::shards::VerifyReport) -> String {
             p.nan.to_string(),
             p.inf.to_string(),
             if p.reassembles { "ok" } else { "BAD" }.into(),
-            p.problems.join("\n"),
+            p.problems
+                .iter()
+                .map(problem_text)
+                .collect::<Vec<_>>()
+                .join("\n"),
         ]);
     }
     let bad = r.params.iter().filter(|p| !p.problems.is_empty()).count();
@@ -240,6 +244,30 @@ pub fn against_text(r: &crate::shards::AgainstReport) -> String {
     out
 }
 
+/// A `--verify` problem in words.
+pub fn problem_text(p: &Problem) -> String {
+    match p {
+        Problem::Plan(s) | Problem::Unreadable(s) => s.clone(),
+        Problem::SourcesMissing => "GGUF source tensor(s) missing".to_string(),
+        Problem::NonFinite { nan, inf } => format!("{nan} NaN and {inf} Inf values"),
+        Problem::KvbLayout { part, rel_l2 } => {
+            let (rows, gguf) = match part {
+                KvbPart::KNope => ("k_nope", "attn_k_b transposed"),
+                KvbPart::V => ("v", "attn_v_b"),
+            };
+            format!(
+                "kv_b_proj's per-head {rows} rows do not equal the GGUF's {gguf} (rel-L2 {rel_l2:.3e})"
+            )
+        }
+        Problem::KvbLayoutUnchecked(e) => format!("kv_b_proj layout check: {e}"),
+    }
+}
+
+/// `VerifyRow.problems` in the JSON: their sentences.
+pub fn verify_problems<S: Serializer>(p: &[Problem], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(p.iter().map(problem_text))
+}
+
 /// The cause's name (a fault's own name for a known loader bug).
 pub fn cause_name(c: &Cause) -> &'static str {
     match c {
@@ -340,6 +368,21 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&f).expect("serializes"),
             r#"{"param":"model.layers.1.self_attn.o_proj.weight","layer":1,"ranks":[1,3],"cause":"rank-swap","detail":"ranks 1 and 3 hold each other's shards","rel_l2":1.25,"cosine":0.5}"#
+        );
+    }
+
+    #[test]
+    fn verify_problems_in_words() {
+        assert_eq!(
+            problem_text(&Problem::KvbLayout {
+                part: KvbPart::KNope,
+                rel_l2: 0.5
+            }),
+            "kv_b_proj's per-head k_nope rows do not equal the GGUF's attn_k_b transposed (rel-L2 5.000e-1)"
+        );
+        assert_eq!(
+            problem_text(&Problem::NonFinite { nan: 2, inf: 0 }),
+            "2 NaN and 0 Inf values"
         );
     }
 

@@ -13,7 +13,7 @@ pub use against::{
 };
 pub use diagnose::Cause;
 pub use inject::{inject, InjectSpec};
-pub use verify::{verify, VerifyReport, VerifyRow};
+pub use verify::{verify, KvbPart, Problem, ReassemblyCheck, VerifyReport, VerifyRow};
 
 use candle_core::Tensor;
 

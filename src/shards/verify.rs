@@ -23,10 +23,46 @@ pub struct VerifyRow {
     pub inf: u64,
     /// Shards concatenate back to the full tensor (and padding is zero).
     pub reassembles: bool,
-    /// How that was checked: "data" (cut, concatenated and compared) or "ranges" (the cuts tile the
-    /// tensor exactly once; for stacked experts and tensors too large to copy).
-    pub reassembly_check: &'static str,
-    pub problems: Vec<String>,
+    pub reassembly_check: ReassemblyCheck,
+    #[serde(serialize_with = "crate::report::shards::verify_problems")]
+    pub problems: Vec<Problem>,
+}
+
+/// How the shards were checked to reassemble their tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReassemblyCheck {
+    /// Cut, concatenated and compared.
+    Data,
+    /// The cuts tile the tensor exactly once (stacked experts and tensors too large to copy).
+    Ranges,
+}
+
+/// What is wrong with a parameter or its shards. Its words are `report::shards`'.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Problem {
+    /// The plan's own problem, its cuts not tiling the tensor, or the shards not reassembling it
+    /// (the plan's reading).
+    Plan(String),
+    /// Some of its GGUF source tensors are not in the file.
+    SourcesMissing,
+    /// A tensor could not be read, decoded or rebuilt (the error).
+    Unreadable(String),
+    /// The decoded values hold NaN or Inf.
+    NonFinite { nan: u64, inf: u64 },
+    /// kv_b_proj read as vLLM's MLA absorption does gives other per-head rows than the GGUF's.
+    KvbLayout { part: KvbPart, rel_l2: f64 },
+    /// The kv_b_proj layout check failed to run (the error).
+    KvbLayoutUnchecked(String),
+}
+
+/// Which half of kv_b_proj's per-head rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvbPart {
+    /// The k_nope rows (the GGUF's attn_k_b, transposed).
+    KNope,
+    /// The v rows (the GGUF's attn_v_b).
+    V,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -65,9 +101,9 @@ pub fn verify(
         let src = sources(p);
         let src_bytes: u64 = src.iter().map(|t| t.info.n_bytes).sum();
         let n_values: usize = p.full_shape.iter().product();
-        let mut problems = p.problems.clone();
+        let mut problems: Vec<Problem> = p.problems.iter().cloned().map(Problem::Plan).collect();
         if let Err(e) = check_ranges(p) {
-            problems.push(e);
+            problems.push(Problem::Plan(e));
         }
         let mut stats = Stats::default();
         let streamed =
@@ -75,12 +111,12 @@ pub fn verify(
         if streamed {
             // The vLLM tensor's values are exactly its GGUF sources' values.
             if src.len() != p.gguf.len() {
-                problems.push("GGUF source tensor(s) missing".into());
+                problems.push(Problem::SourcesMissing);
             }
             for t in &src {
                 match stream_stats(*t) {
                     Ok(s) => stats.merge(&s),
-                    Err(e) => problems.push(e.to_string()),
+                    Err(e) => problems.push(Problem::Unreadable(e.to_string())),
                 }
             }
             if p.def.role() == Some(crate::arch::glm_dsa::Role::AttnKvB) {
@@ -90,19 +126,19 @@ pub fn verify(
                             problems.push(e);
                         }
                     }
-                    Err(e) => problems.push(e.to_string()),
+                    Err(e) => problems.push(Problem::Unreadable(e.to_string())),
                 }
             }
         } else {
             match w.vllm(&p.param) {
-                Err(e) => problems.push(e.to_string()),
+                Err(e) => problems.push(Problem::Unreadable(e.to_string())),
                 Ok(full) => {
                     match values(&full) {
                         Ok(v) => stats.add(&v),
-                        Err(e) => problems.push(e.to_string()),
+                        Err(e) => problems.push(Problem::Unreadable(e.to_string())),
                     }
                     if let Err(e) = check_reassembly(p, &full, plan.tp) {
-                        problems.push(e);
+                        problems.push(Problem::Plan(e));
                     }
                     if p.def.role() == Some(crate::arch::glm_dsa::Role::AttnKvB) {
                         if let Err(e) = check_kvb_layout(w, p, &full) {
@@ -113,7 +149,10 @@ pub fn verify(
             }
         }
         if stats.nan + stats.inf > 0 {
-            problems.push(format!("{} NaN and {} Inf values", stats.nan, stats.inf));
+            problems.push(Problem::NonFinite {
+                nan: stats.nan,
+                inf: stats.inf,
+            });
         }
         src.iter().for_each(|t| t.release());
         bytes += src_bytes;
@@ -128,7 +167,11 @@ pub fn verify(
             nan: stats.nan,
             inf: stats.inf,
             reassembles: problems.is_empty(),
-            reassembly_check: if streamed { "ranges" } else { "data" },
+            reassembly_check: if streamed {
+                ReassemblyCheck::Ranges
+            } else {
+                ReassemblyCheck::Data
+            },
             problems,
         });
     }
@@ -144,24 +187,21 @@ pub fn verify(
 
 /// kv_b_proj read as vLLM's MLA absorption does (`W.T.view(kv_lora, H, nope + v)`, split [nope, v])
 /// must give, per head, attn_k_b transposed back and attn_v_b.
-fn check_kvb_layout(w: &Weights<'_>, p: &ParamPlan, kvb: &Tensor) -> Result<(), String> {
+fn check_kvb_layout(w: &Weights<'_>, p: &ParamPlan, kvb: &Tensor) -> Result<(), Problem> {
     let c = w.config;
     let [k_name, v_name] = p.gguf.as_slice() else {
         return Ok(()); // legacy single attn_kv_b tensor: nothing to cross-check
     };
-    let err = |e: candle_core::Error| format!("kv_b_proj layout check: {e}");
+    let err = |e: candle_core::Error| Problem::KvbLayoutUnchecked(e.to_string());
     let h = c.num_attention_heads;
     let (nope, vd, l) = (c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank);
     let view = kvb
         .t()
         .and_then(|t| t.reshape((l, h, nope + vd)))
         .map_err(err)?;
-    let k_b = w
-        .gguf_tensor(&p.param, k_name, None)
-        .map_err(|e| e.to_string())?; // [H, L, nope]
-    let v_b = w
-        .gguf_tensor(&p.param, v_name, None)
-        .map_err(|e| e.to_string())?; // [H, v, L]
+    let unreadable = |e: crate::weights::WeightError| Problem::Unreadable(e.to_string());
+    let k_b = w.gguf_tensor(&p.param, k_name, None).map_err(unreadable)?; // [H, L, nope]
+    let v_b = w.gguf_tensor(&p.param, v_name, None).map_err(unreadable)?; // [H, v, L]
     let k_view = view
         .narrow(2, 0, nope)
         .and_then(|t| t.permute((1, 0, 2)))
@@ -170,20 +210,68 @@ fn check_kvb_layout(w: &Weights<'_>, p: &ParamPlan, kvb: &Tensor) -> Result<(), 
         .narrow(2, nope, vd)
         .and_then(|t| t.permute((1, 2, 0)))
         .map_err(err)?; // [H, v, L]
-    for (name, a, b) in [("k_nope", &k_view, &k_b), ("v", &v_view, &v_b)] {
+    for (part, a, b) in [(KvbPart::KNope, &k_view, &k_b), (KvbPart::V, &v_view, &v_b)] {
         let a = a.contiguous().and_then(|t| values(&t)).map_err(err)?;
         let b = values(b).map_err(err)?;
         if a != b {
-            return Err(format!(
-                "kv_b_proj's per-head {name} rows do not equal the GGUF's {} (rel-L2 {:.3e})",
-                if name == "v" {
-                    "attn_v_b"
-                } else {
-                    "attn_k_b transposed"
-                },
-                diff(&a, &b).rel_l2
-            ));
+            return Err(Problem::KvbLayout {
+                part,
+                rel_l2: diff(&a, &b).rel_l2,
+            });
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::config::ConfigReader;
+    use crate::gguf::GgufModel;
+
+    fn tiny() -> GgufModel {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny/tiny-F32.gguf");
+        GgufModel::open(&path).expect("the tiny fixture opens")
+    }
+
+    #[test]
+    fn the_tiny_fixture_verifies_and_a_scaled_kv_b_does_not() {
+        let model = tiny();
+        let cfg = ConfigReader::read(&model, crate::arch::ARCH)
+            .expect("config")
+            .config;
+        let w = Weights::new(&model, &cfg, candle_core::Device::Cpu);
+        let plan = ShardPlan::new(&model, &cfg, 2);
+        let mut ticks = 0;
+        let r = verify(&w, &plan, &mut |_, _| ticks += 1);
+        assert!(
+            r.ok,
+            "{:?}",
+            r.params.iter().find(|p| !p.problems.is_empty())
+        );
+        assert_eq!(
+            (r.params.len(), ticks),
+            (plan.params.len(), plan.params.len())
+        );
+        assert!(r.params.iter().all(|p| p.reassembles && p.nan + p.inf == 0));
+        let p = plan
+            .params
+            .iter()
+            .find(|p| p.param == "model.layers.0.self_attn.kv_b_proj.weight")
+            .expect("planned");
+        let kvb = w.vllm(&p.param).expect("rebuilt");
+        assert_eq!(check_kvb_layout(&w, p, &kvb), Ok(()));
+        let doubled = (&kvb * 2.0).expect("scaled");
+        match check_kvb_layout(&w, p, &doubled) {
+            Err(Problem::KvbLayout { part, rel_l2 }) => {
+                assert_eq!(part, KvbPart::KNope, "the k_nope rows are checked first");
+                assert!(
+                    (rel_l2 - 1.0).abs() < 1e-6,
+                    "twice the values: rel-L2 1, got {rel_l2}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
