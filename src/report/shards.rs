@@ -123,50 +123,8 @@ pub fn against_text(r: &crate::shards::AgainstReport) -> String {
         .iter()
         .filter(|c| c.class == crate::shards::Class::Quantization)
         .count();
-    if r.findings.is_empty() {
-        out.push_str("no corrupt parameter found\n");
-    } else {
-        let mut t = table(&[
-            "layer",
-            "vLLM parameter",
-            "ranks",
-            "cause",
-            "rel-L2",
-            "cosine",
-            "detail",
-        ]);
-        for f in &r.findings {
-            t.add_row(vec![
-                f.layer.map_or("-".into(), |l| l.to_string()),
-                f.param.clone(),
-                rank_list(&f.ranks),
-                cause_name(&f.cause).to_string(),
-                num(f.rel_l2),
-                format!("{:.4}", f.cosine),
-                cause_detail(&f.cause),
-            ]);
-        }
-        out.push_str(&t.to_string());
-        out.push('\n');
-    }
-    let pb = &r.provenance;
-    out.push_str(&match (pb.provenance, pb.forced) {
-        (crate::shards::Provenance::Gguf, true) => {
-            "provenance: this GGUF's dequantized values (--provenance gguf): every shard must equal them up to the dump's dtype\n".to_string()
-        }
-        (crate::shards::Provenance::Originals, true) => {
-            "provenance: the unquantized originals (--provenance originals): shards may differ by the quant type's noise\n".to_string()
-        }
-        (crate::shards::Provenance::Gguf, false) => format!(
-            "provenance: this GGUF's dequantized values ({} of {} quantized shards equal them up to the dump's dtype): every shard is held to that\n",
-            pb.equal_to_dequantized, pb.quantized_shards
-        ),
-        (crate::shards::Provenance::Originals, false) if pb.quantized_shards > 0 => format!(
-            "provenance: the unquantized originals ({} of {} quantized shards equal the dequantized values): shards may differ by the quant type's noise (--provenance gguf holds them to the dump's dtype)\n",
-            pb.equal_to_dequantized, pb.quantized_shards
-        ),
-        (crate::shards::Provenance::Originals, false) => String::new(),
-    });
+    out.push_str(&findings_table(&r.findings));
+    out.push_str(&provenance_line(&r.provenance));
     out.push_str(&format!(
         "checked {} parameter shards at tp={}: {} match, {} differ by quantization noise only, {} corrupt\n",
         r.checked.len(),
@@ -242,6 +200,56 @@ pub fn against_text(r: &crate::shards::AgainstReport) -> String {
         }
     });
     out
+}
+
+/// The findings of `--against` as a table (or the line saying there are none).
+fn findings_table(findings: &[Finding]) -> String {
+    if findings.is_empty() {
+        return "no corrupt parameter found\n".to_string();
+    }
+    let mut t = table(&[
+        "layer",
+        "vLLM parameter",
+        "ranks",
+        "cause",
+        "rel-L2",
+        "cosine",
+        "detail",
+    ]);
+    for f in findings {
+        t.add_row(vec![
+            f.layer.map_or("-".into(), |l| l.to_string()),
+            f.param.clone(),
+            rank_list(&f.ranks),
+            cause_name(&f.cause).to_string(),
+            num(f.rel_l2),
+            format!("{:.4}", f.cosine),
+            cause_detail(&f.cause),
+        ]);
+    }
+    format!("{t}\n")
+}
+
+/// Which provenance the check held the shards to, and why (nothing for originals decided without
+/// quantized shards).
+fn provenance_line(pb: &crate::shards::ProvenanceBasis) -> String {
+    match (pb.provenance, pb.forced) {
+        (crate::shards::Provenance::Gguf, true) => {
+            "provenance: this GGUF's dequantized values (--provenance gguf): every shard must equal them up to the dump's dtype\n".to_string()
+        }
+        (crate::shards::Provenance::Originals, true) => {
+            "provenance: the unquantized originals (--provenance originals): shards may differ by the quant type's noise\n".to_string()
+        }
+        (crate::shards::Provenance::Gguf, false) => format!(
+            "provenance: this GGUF's dequantized values ({} of {} quantized shards equal them up to the dump's dtype): every shard is held to that\n",
+            pb.equal_to_dequantized, pb.quantized_shards
+        ),
+        (crate::shards::Provenance::Originals, false) if pb.quantized_shards > 0 => format!(
+            "provenance: the unquantized originals ({} of {} quantized shards equal the dequantized values): shards may differ by the quant type's noise (--provenance gguf holds them to the dump's dtype)\n",
+            pb.equal_to_dequantized, pb.quantized_shards
+        ),
+        (crate::shards::Provenance::Originals, false) => String::new(),
+    }
 }
 
 /// A `--verify` problem in words.
