@@ -104,10 +104,38 @@ impl Config {
 pub enum Source {
     /// Read from this metadata key.
     Metadata(String),
-    /// Derived from other values (named).
-    Derived(String),
+    /// Derived from other values (how: worded by `report::config`).
+    Derived(Derivation),
     /// Not in the file: GLM-5's documented default.
     Default(String),
+}
+
+/// How a config value was derived from other values or from the tensors.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Derivation {
+    /// The block count less the trailing MTP blocks; the block count from metadata `key`, or
+    /// (None) 1 + the highest `blk.N` in the file.
+    BlockCount {
+        key: Option<String>,
+        mtp_blocks: usize,
+    },
+    /// The trailing blocks holding `nextn.*` tensors (`count`); metadata `key` says `says`
+    /// (another count), or is absent (None).
+    MtpBlocks {
+        count: usize,
+        key: String,
+        says: Option<usize>,
+    },
+    /// `num_attention_heads` (MLA: the GGUF's head_count_kv 1 is the latent).
+    AttentionHeads,
+    /// Metadata `key` (key_length_mla) less `rope.dimension_count`.
+    KeyLengthLessRope { key: String },
+    /// The length of `tokenizer.ggml.tokens`.
+    TokenCount,
+    /// The embedding tensor's ne[1].
+    EmbeddingRows,
+    /// Whether the file has an lm_head tensor (`output.weight`).
+    LmHead { present: bool },
 }
 
 /// The config and, per field, where it came from.
@@ -396,9 +424,8 @@ impl<'a> ConfigReader<'a> {
         })
     }
 
-    fn derived(&mut self, field: &str, how: &str) {
-        self.sources
-            .push((field.into(), Source::Derived(how.into())));
+    fn derived(&mut self, field: &str, how: Derivation) {
+        self.sources.push((field.into(), Source::Derived(how)));
     }
 
     /// Reads one row of [`FIELDS`] into `c` (whose current value is the default).
@@ -469,12 +496,10 @@ fn blocks(r: &mut ConfigReader<'_>, f: &Field, c: &mut Config) -> Result<(), Ggu
         .filter_map(|t| glm_dsa::gguf_layer(&t.info.name))
         .filter(|&l| l < MAX_BLOCKS)
         .max();
-    // Where the block count came from; None: GLM-5's default (recorded as such).
+    // Where the block count came from: Some(metadata key, or None for the highest blk.N), or
+    // None for GLM-5's default (recorded as such).
     let (block_count, block_src) = match (r.raw(&block_key), highest_block) {
-        (None, Some(top)) => (
-            top + 1,
-            Some("1 + the highest blk.N in the file".to_string()),
-        ),
+        (None, Some(top)) => (top + 1, Some(None)),
         (key, _) => {
             let n = r.uint_max(
                 f.field,
@@ -483,7 +508,7 @@ fn blocks(r: &mut ConfigReader<'_>, f: &Field, c: &mut Config) -> Result<(), Ggu
                 Some(MAX_BLOCKS),
             )?;
             // The key's value: the source becomes derived (minus the MTP blocks) below.
-            let src = key.is_some().then(|| format!("`{block_key}`"));
+            let src = key.is_some().then(|| Some(block_key.clone()));
             if src.is_some() {
                 r.sources.pop();
             }
@@ -521,20 +546,22 @@ fn blocks(r: &mut ConfigReader<'_>, f: &Field, c: &mut Config) -> Result<(), Ggu
         .copied()
         .filter(|b| !blocks.contains(b))
         .collect();
-    if let Some(block_src) = block_src {
+    if let Some(key) = block_src {
         r.derived(
             f.field,
-            &format!("{block_src} − {nextn} MTP block(s) (trailing blocks with nextn.* tensors)"),
+            Derivation::BlockCount {
+                key,
+                mtp_blocks: nextn,
+            },
         );
     }
     let nextn_src = match key {
-        Some(k) if k == nextn => Source::Metadata(nextn_key.clone()),
-        Some(k) => Source::Derived(format!(
-            "the trailing blocks with nextn.* tensors ({nextn}); `{nextn_key}` says {k}"
-        )),
-        None => Source::Derived(format!(
-            "the trailing blocks with nextn.* tensors (no `{nextn_key}` in the file)"
-        )),
+        Some(k) if k == nextn => Source::Metadata(nextn_key),
+        says => Source::Derived(Derivation::MtpBlocks {
+            count: nextn,
+            key: nextn_key,
+            says,
+        }),
     };
     r.sources
         .push(("num_nextn_predict_layers".into(), nextn_src));
@@ -545,10 +572,7 @@ fn blocks(r: &mut ConfigReader<'_>, f: &Field, c: &mut Config) -> Result<(), Ggu
 /// `num_key_value_heads` = `num_attention_heads` (MLA).
 fn kv_heads(r: &mut ConfigReader<'_>, f: &Field, c: &mut Config) -> Result<(), GgufError> {
     c.num_key_value_heads = c.num_attention_heads;
-    r.derived(
-        f.field,
-        "= num_attention_heads (MLA; the GGUF's head_count_kv 1 is the latent)",
-    );
+    r.derived(f.field, Derivation::AttentionHeads);
     Ok(())
 }
 
@@ -558,7 +582,7 @@ fn qk_nope(r: &mut ConfigReader<'_>, f: &Field, c: &mut Config) -> Result<(), Gg
     // The entry just pushed describes key_length_mla; qk_nope_head_dim is derived from it.
     if let Some((_, src)) = r.sources.last_mut() {
         if let Source::Metadata(k) = src {
-            *src = Source::Derived(format!("{k} − rope.dimension_count"));
+            *src = Source::Derived(Derivation::KeyLengthLessRope { key: k.clone() });
         }
     }
     let rope = c.qk_rope_head_dim;
@@ -604,10 +628,10 @@ fn vocab(r: &mut ConfigReader<'_>, f: &Field, c: &mut Config) -> Result<(), Gguf
         .and_then(Value::as_array)
         .map(<[Value]>::len)
     {
-        r.derived(f.field, "len(tokenizer.ggml.tokens)");
+        r.derived(f.field, Derivation::TokenCount);
         c.vocab_size = n;
     } else if let Some(t) = glm_dsa::gguf_name_of(Role::Embedding).and_then(|n| model.tensor(n)) {
-        r.derived(f.field, "the embedding's ne[1]");
+        r.derived(f.field, Derivation::EmbeddingRows);
         c.vocab_size = t.info.ne.get(1).copied().unwrap_or(0) as usize;
     } else {
         r.sources.push((f.field.into(), Source::Default(key)));
@@ -622,10 +646,8 @@ fn tied(r: &mut ConfigReader<'_>, f: &Field, c: &mut Config) -> Result<(), GgufE
         .is_none();
     r.derived(
         f.field,
-        if c.tie_word_embeddings {
-            "no lm_head tensor (output.weight) in the file"
-        } else {
-            "lm_head tensor (output.weight) present"
+        Derivation::LmHead {
+            present: !c.tie_word_embeddings,
         },
     );
     Ok(())
@@ -704,7 +726,9 @@ mod tests {
         );
         assert_eq!(
             source(&r, "qk_nope_head_dim"),
-            &Source::Derived("glm-dsa.attention.key_length_mla − rope.dimension_count".into())
+            &Source::Derived(Derivation::KeyLengthLessRope {
+                key: "glm-dsa.attention.key_length_mla".into()
+            })
         );
         assert!(c.tie_word_embeddings, "no output.weight");
         // One source per field, in the table's order.
