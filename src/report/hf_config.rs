@@ -127,27 +127,7 @@ pub fn finding_text(f: &Finding) -> String {
              rotate interleaved pairs: short prompts look fine, long-context top-k picks other keys",
             key_text(indexer_rope_interleave)
         ),
-        FindingKind::IndexTopkDefault { vllm, gguf } => {
-            let base = format!(
-                "index_topk is absent, which does not switch DSA off in vLLM 0.33: transformers' \
-                 GlmMoeDsaConfig declares index_topk = {vllm} and vLLM's DSA model is always \
-                 sparse (deepseek_v32/nvidia/model.py:188-197)"
-            );
-            if vllm == gguf {
-                format!(
-                    "{base}; it keeps the top-{vllm} keys, as the GGUF does (only a patched vLLM \
-                     runs dense: `glmcheck forward --dsa dense` shows what that computes)"
-                )
-            } else if vllm > gguf {
-                format!(
-                    "{base}; it keeps the top-{vllm} keys where the GGUF's model keeps {gguf}: \
-                     every key of a context up to {vllm} tokens, i.e. dense attention there \
-                     (`glmcheck forward --dsa dense` computes that)"
-                )
-            } else {
-                format!("{base}; it keeps the top-{vllm} keys where the GGUF's model keeps {gguf}")
-            }
-        }
+        FindingKind::IndexTopkDefault { vllm, gguf } => index_topk_default_text(*vllm, *gguf),
         FindingKind::IndexerSkipped {
             layers: l,
             num_hidden_layers,
@@ -183,18 +163,7 @@ pub fn finding_text(f: &Finding) -> String {
         FindingKind::MoeLayerFreq {
             moe_layer_freq,
             dense,
-        } => {
-            if dense.is_empty() {
-                format!("moe_layer_freq {moe_layer_freq}: no MoE layer of this model is affected")
-            } else {
-                format!(
-                    "moe_layer_freq {moe_layer_freq}: vLLM 0.33 builds a dense MLP on layer(s) {} \
-                     (deepseek_v32/nvidia/model.py:91-95 `layer_idx % moe_layer_freq == 0`) whose \
-                     GGUF blocks hold routed experts",
-                    layers(dense)
-                )
-            }
-        }
+        } => moe_layer_freq_text(*moe_layer_freq, dense),
         FindingKind::ModelType { model_type } => format!(
             "model_type is {}, not \"glm_moe_dsa\": vLLM 0.33 loads it with another config class \
              (none of GlmMoeDsaConfig's defaults; transformers_utils/config.py:417-447) and stops \
@@ -214,40 +183,11 @@ pub fn finding_text(f: &Finding) -> String {
                 other.map_or("absent".to_string(), |a| format!("{a:?}"))
             ),
         },
-        FindingKind::StartFailure(s) => match s {
-            StartFailure::UnsupportedActivation { hidden_act } => format!(
-                "hidden_act {hidden_act:?}: vLLM 0.33 refuses to build the MoE (ValueError: only \
-                 silu, deepseek_v2.py:314-318)"
-            ),
-            StartFailure::ZeroIndexTopkFreq => "index_topk_freq 0: vLLM 0.33 fails building the \
-                 attention (`% index_topk_freq` divides by zero, deepseek_v32/attention.py:171)"
-                .to_string(),
-            StartFailure::RopeWithoutFactor { rope_type } => format!(
-                "rope_type {rope_type:?} without a factor: vLLM 0.33 fails building the attention \
-                 (KeyError 'factor', deepseek_v32/attention.py:162)"
-            ),
-        },
+        FindingKind::StartFailure(s) => start_failure_text(s),
         FindingKind::TiedEmbeddings {
             vllm_tie,
             gguf_tied,
-        } => {
-            if *gguf_tied {
-                format!(
-                    "the GGUF has no output.weight (tied embeddings){}: vLLM 0.33 never ties \
-                     (deepseek_v2.py:1917-1923 builds its own ParallelLMHead), so its lm_head \
-                     gets no weight: garbage logits",
-                    if *vllm_tie {
-                        ", and config.json ties"
-                    } else {
-                        ", while config.json does not tie"
-                    }
-                )
-            } else {
-                "config.json ties the embeddings but the GGUF has its own output.weight: vLLM 0.33 \
-                 ignores the flag and loads output.weight (transformers would use the embedding)"
-                    .to_string()
-            }
-        }
+        } => tied_text(*vllm_tie, *gguf_tied),
         FindingKind::NextnLayers {
             vllm,
             vllm_from,
@@ -264,20 +204,105 @@ pub fn finding_text(f: &Finding) -> String {
             vllm_from,
             gguf,
             gguf_defaulted,
-        } => format!(
-            "{}: vLLM 0.33 uses {}{} where the GGUF has {}{}: {}",
-            f.field,
-            value_text(vllm),
-            origin_note(*vllm_from),
-            value_text(gguf),
-            if *gguf_defaulted {
-                " (GLM-5's default: the GGUF does not say)"
-            } else {
-                ""
-            },
-            consequence(&f.field)
+        } => mismatch_text(&f.field, vllm, *vllm_from, gguf, *gguf_defaulted),
+    }
+}
+
+/// `index_topk` absent: what vLLM's class default keeps against the GGUF's top-k.
+fn index_topk_default_text(vllm: u64, gguf: u64) -> String {
+    let base = format!(
+        "index_topk is absent, which does not switch DSA off in vLLM 0.33: transformers' \
+         GlmMoeDsaConfig declares index_topk = {vllm} and vLLM's DSA model is always \
+         sparse (deepseek_v32/nvidia/model.py:188-197)"
+    );
+    if vllm == gguf {
+        format!(
+            "{base}; it keeps the top-{vllm} keys, as the GGUF does (only a patched vLLM \
+             runs dense: `glmcheck forward --dsa dense` shows what that computes)"
+        )
+    } else if vllm > gguf {
+        format!(
+            "{base}; it keeps the top-{vllm} keys where the GGUF's model keeps {gguf}: \
+             every key of a context up to {vllm} tokens, i.e. dense attention there \
+             (`glmcheck forward --dsa dense` computes that)"
+        )
+    } else {
+        format!("{base}; it keeps the top-{vllm} keys where the GGUF's model keeps {gguf}")
+    }
+}
+
+/// `moe_layer_freq` ≠ 1: the layers that become dense.
+fn moe_layer_freq_text(moe_layer_freq: u64, dense: &[usize]) -> String {
+    if dense.is_empty() {
+        format!("moe_layer_freq {moe_layer_freq}: no MoE layer of this model is affected")
+    } else {
+        format!(
+            "moe_layer_freq {moe_layer_freq}: vLLM 0.33 builds a dense MLP on layer(s) {} \
+             (deepseek_v32/nvidia/model.py:91-95 `layer_idx % moe_layer_freq == 0`) whose \
+             GGUF blocks hold routed experts",
+            layers(dense)
+        )
+    }
+}
+
+/// Why vLLM refuses to build the model.
+fn start_failure_text(s: &StartFailure) -> String {
+    match s {
+        StartFailure::UnsupportedActivation { hidden_act } => format!(
+            "hidden_act {hidden_act:?}: vLLM 0.33 refuses to build the MoE (ValueError: only \
+             silu, deepseek_v2.py:314-318)"
+        ),
+        StartFailure::ZeroIndexTopkFreq => "index_topk_freq 0: vLLM 0.33 fails building the \
+             attention (`% index_topk_freq` divides by zero, deepseek_v32/attention.py:171)"
+            .to_string(),
+        StartFailure::RopeWithoutFactor { rope_type } => format!(
+            "rope_type {rope_type:?} without a factor: vLLM 0.33 fails building the attention \
+             (KeyError 'factor', deepseek_v32/attention.py:162)"
         ),
     }
+}
+
+/// Tied embeddings on either side.
+fn tied_text(vllm_tie: bool, gguf_tied: bool) -> String {
+    if gguf_tied {
+        format!(
+            "the GGUF has no output.weight (tied embeddings){}: vLLM 0.33 never ties \
+             (deepseek_v2.py:1917-1923 builds its own ParallelLMHead), so its lm_head \
+             gets no weight: garbage logits",
+            if vllm_tie {
+                ", and config.json ties"
+            } else {
+                ", while config.json does not tie"
+            }
+        )
+    } else {
+        "config.json ties the embeddings but the GGUF has its own output.weight: vLLM 0.33 \
+         ignores the flag and loads output.weight (transformers would use the embedding)"
+            .to_string()
+    }
+}
+
+/// A plain value mismatch and what it changes.
+fn mismatch_text(
+    field: &str,
+    vllm: &Value,
+    vllm_from: Origin,
+    gguf: &Value,
+    gguf_defaulted: bool,
+) -> String {
+    format!(
+        "{}: vLLM 0.33 uses {}{} where the GGUF has {}{}: {}",
+        field,
+        value_text(vllm),
+        origin_note(vllm_from),
+        value_text(gguf),
+        if gguf_defaulted {
+            " (GLM-5's default: the GGUF does not say)"
+        } else {
+            ""
+        },
+        consequence(field)
+    )
 }
 
 fn verdict_word(v: Verdict) -> &'static str {
