@@ -10,8 +10,8 @@ use crate::arch::glm_dsa::{Role, TpStyle};
 use crate::arch::Config;
 use crate::compare::diff;
 use crate::dump::{encode, DumpTensor};
+use crate::gguf::stats::glob_match;
 use crate::plan::{Cut, ParamPlan};
-use crate::scan::glob_match;
 use crate::weights::{WeightError, Weights};
 
 mod table;

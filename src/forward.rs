@@ -1,15 +1,14 @@
 //! The forward stage that `glmcheck forward` calls: run the model on a prompt, the next-token
 //! distribution, a greedy continuation, the capture as a dump, and (given a reference dump) the
-//! comparison, with the reference's top-k replayed at indexer ties ([`crate::activations::Aligner`]).
-//! (Moved from `activations/forward.rs`; `crate::activations::forward` still names it.)
+//! comparison, with the reference's top-k replayed at indexer ties ([`crate::compare::Aligner`]).
 
 use std::collections::BTreeMap;
 
 use candle_core::{DType, Tensor};
 use serde::Serialize;
 
-use crate::activations::{compare, meta, ActError, Activations, Aligner, CompareOptions};
-use crate::activations::{Comparison, ComputeDtype, Tolerances};
+use crate::compare::{compare, meta, ActError, Activations, Aligner, CompareOptions};
+use crate::compare::{Comparison, ComputeDtype, Tolerances};
 use crate::gguf::GgmlType;
 use crate::model::{DsaMode, Glm5, ModelError, NoCapture};
 use crate::tokenizer::GgufTokenizer;
@@ -284,7 +283,7 @@ pub fn run(
 
     let row = last_row(&logits)?;
     let top = top_tokens(&softmax(&row), spec.top, tokenizer);
-    let entropy = crate::activations::entropy(&row);
+    let entropy = crate::compare::entropy(&row);
     let vocab = row.len();
     let (continuation_ids, stopped) =
         continue_greedy(model, tokenizer, tokens, argmax(&row), spec.max_new_tokens)?;
@@ -320,7 +319,7 @@ pub fn run(
         entropy,
         vocab,
         log_vocab: (vocab as f64).ln(),
-        garbage: crate::activations::garbage(entropy, vocab),
+        garbage: crate::compare::garbage(entropy, vocab),
         continuation_ids,
         continuation,
         stopped,

@@ -9,9 +9,9 @@ use std::path::Path;
 use crate::arch::config::ConfigReader;
 use crate::compare::{compare, Activations, CompareOptions, ComputeDtype, Tolerances, Values};
 use crate::dump::RankFile;
+use crate::gguf::stats;
 use crate::gguf::{GgmlType, GgufFile, GgufModel};
 use crate::inspect::InspectReport;
-use crate::scan;
 use crate::tokenizer::GgufTokenizer;
 
 /// Largest tensor (in values) the fuzz entry points decode.
@@ -61,7 +61,7 @@ pub fn gguf(data: &[u8]) -> bool {
             // Decoding must give exactly the values the header declares.
             assert_eq!(values.len() as u64, t.info.n_elements(), "{}", t.info.name);
         }
-        let _ = scan::stream_stats(t);
+        let _ = stats::stream_stats(t);
         let outer = t.info.ne.last().copied().unwrap_or(1);
         let _ = t.dequantize_outer(0, 1.min(outer));
         let _ = t.dequantize_outer(outer.saturating_sub(1), 1);

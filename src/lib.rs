@@ -4,7 +4,6 @@
 //! (logical tensors) → later stages. Commands ([`cmd`]) are thin: each calls the stages and returns a
 //! typed outcome that the binary maps to the exit code.
 
-pub mod activations;
 pub mod arch;
 pub mod cmd;
 pub mod compare;
@@ -18,7 +17,6 @@ pub mod model;
 pub mod outputs;
 pub mod plan;
 pub mod report;
-pub mod scan;
 pub mod shards;
 pub mod tokenizer;
 pub mod weights;

@@ -70,7 +70,7 @@ fn the_k_quant_fixture_really_holds_k_quants() {
 
 #[test]
 fn streaming_statistics_equal_those_of_the_full_tensor() {
-    use glmcheck::scan::{stats_of, stream_stats};
+    use glmcheck::gguf::stats::{stats_of, stream_stats};
     let model = GgufModel::open(&gguf("tiny-Q4_K_M")).expect("open");
     for t in model.tensors() {
         let full = t.dequantize().unwrap();

@@ -11,11 +11,11 @@ use std::time::Instant;
 
 use candle_core::Device;
 use common::rewrite_safetensors;
-use glmcheck::activations::forward::{self, ForwardSpec};
-use glmcheck::activations::{
+use glmcheck::arch::config::ConfigReader;
+use glmcheck::compare::{
     weight_class, Activations, ComputeDtype, Status, TieClass, Tolerances, ValueKind,
 };
-use glmcheck::arch::config::ConfigReader;
+use glmcheck::forward::{self, ForwardSpec};
 use glmcheck::gguf::{GgufModel, Value};
 use glmcheck::model::{DsaMode, Glm5, ModelOptions};
 use glmcheck::tokenizer::GgufTokenizer;
@@ -326,10 +326,10 @@ fn diff_without_replay_keeps_ties_out_of_the_verdict() {
         .order
         .retain(|k| !k.ends_with(".indexer.index_scores"));
     let cand = Activations::load(&dump).expect("load");
-    let c = glmcheck::activations::compare(
+    let c = glmcheck::compare::compare(
         &stripped,
         &cand,
-        &glmcheck::activations::CompareOptions {
+        &glmcheck::compare::CompareOptions {
             tolerances: Tolerances::for_profile(ComputeDtype::F32, glmcheck::gguf::GgmlType::F32),
             index_topk: Some(8),
         },
@@ -713,7 +713,7 @@ fn measured_figures_sit_inside_their_profiles() {
         score_noise: 10.0,
         router_flip_max: 1.0,
         basis: "measurement".into(),
-        reference: glmcheck::activations::ReferenceWeights::Original,
+        reference: glmcheck::compare::ReferenceWeights::Original,
     };
     println!(
         "| weights | compute | prompt | worst module rel-L2 | module | worst index_scores rel-L2 | KL mean | KL max | top-1 | RMS Δp | differing top-k rows (exact ties) | worst swap margin / row max | routed-expert flips (tokens) |"
@@ -843,10 +843,10 @@ fn simulated_tp_equals_the_unsharded_forward() {
             ours.order, unsharded.order,
             "tp={tp}: the same captures in the same order"
         );
-        let c = glmcheck::activations::compare(
+        let c = glmcheck::compare::compare(
             &unsharded,
             &ours,
-            &glmcheck::activations::CompareOptions {
+            &glmcheck::compare::CompareOptions {
                 tolerances: tol.clone(),
                 index_topk: Some(8),
             },

@@ -737,7 +737,7 @@ fn dense_equals_sparse_up_to_index_topk_tokens_and_not_beyond() {
 
 #[test]
 fn bf16_compute_stays_close_to_transformers_f32() {
-    use glmcheck::activations::{Activations, Aligner, ComputeDtype, Tolerances};
+    use glmcheck::compare::{Activations, Aligner, ComputeDtype, Tolerances};
     let model = load_model(ModelOptions {
         dtype: DType::BF16,
         dsa: DsaMode::Sparse,

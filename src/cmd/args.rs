@@ -4,8 +4,8 @@
 
 use clap::ValueEnum;
 
-use crate::activations::{ComputeDtype, ReferenceWeights, Tolerances};
 use crate::arch::glm_dsa::VllmNames;
+use crate::compare::{ComputeDtype, ReferenceWeights, Tolerances};
 use crate::model::DsaMode;
 use crate::shards::Provenance;
 

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use super::output::{emit, progress};
 use super::{open, CmdError, Ctx, Outcome};
-use crate::{report, scan};
+use crate::gguf::stats;
+use crate::report;
 
 /// Dequantize tensors to f32 and report per-tensor statistics and decode throughput.
 ///
@@ -44,7 +45,7 @@ impl DequantArgs {
 
 pub fn run(a: &DequantArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     let model = open(&a.file)?;
-    let selected = scan::select(&model, &a.tensors);
+    let selected = stats::select(&model, &a.tensors);
     if model.tensor_count() == 0 {
         return Err(CmdError::NoTensors {
             file: a.file.clone(),
@@ -64,7 +65,7 @@ pub fn run(a: &DequantArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     let mut buf = Vec::new();
     for t in selected {
         bar.set_message(t.info.name.clone());
-        rows.push(scan::scan_tensor(t, a.repeat, a.stream, &mut buf));
+        rows.push(stats::scan_tensor(t, a.repeat, a.stream, &mut buf));
         bar.inc(t.info.n_bytes);
     }
     bar.finish_and_clear();

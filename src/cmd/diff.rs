@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use super::args::{DiffDtype, TolFlags};
 use super::output::emit;
 use super::{CmdError, Ctx, Outcome};
-use crate::activations::{self, Activations, CompareOptions, ReferenceWeights, Tolerances};
+use crate::compare::{self, Activations, CompareOptions, ReferenceWeights, Tolerances};
 use crate::gguf::GgmlType;
 use crate::report;
 
@@ -55,7 +55,7 @@ impl DiffArgs {
 pub fn run(a: &DiffArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     let r = Activations::load(&a.reference)?;
     let c = Activations::load(&a.candidate)?;
-    let (meta_dtype, meta_weights) = activations::profile_of(&c);
+    let (meta_dtype, meta_weights) = compare::profile_of(&c);
     let dtype = a.dtype.map_or(meta_dtype, Into::into);
     let weights = match &a.weights {
         Some(w) => GgmlType::from_name(w).ok_or_else(|| CmdError::UnknownWeightType(w.clone()))?,
@@ -63,10 +63,7 @@ pub fn run(a: &DiffArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     };
     // Two glmcheck dumps of the same GGUF hold the same weights; anything else is taken as the
     // originals unless the flag says otherwise.
-    let ref_kind = match (
-        a.tol.reference_weights,
-        c.metadata.get(activations::meta::GGUF),
-    ) {
+    let ref_kind = match (a.tol.reference_weights, c.metadata.get(compare::meta::GGUF)) {
         (Some(k), _) => k.into(),
         (None, Some(g)) => ReferenceWeights::of_dump(&r, Path::new(g), weights),
         (None, None) => ReferenceWeights::Original,
@@ -77,7 +74,7 @@ pub fn run(a: &DiffArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
             .apply(Tolerances::for_reference(dtype, weights, ref_kind)),
         index_topk: None,
     };
-    let mut cmp = activations::compare(&r, &c, &opts)?;
+    let mut cmp = compare::compare(&r, &c, &opts)?;
     cmp.allow_incomparable = a.tol.allow_incomparable;
     emit(ctx, a.json, &report::forward::diff_json(&cmp), || {
         report::forward::comparison_text(&cmp, a.all)

@@ -8,7 +8,7 @@ use anyhow::Context;
 use super::args::{DeviceArg, DsaArg, ForwardDtype, TolFlags};
 use super::output::emit_hf;
 use super::{hf_config_check, open, CmdError, Ctx, Loaded, Outcome};
-use crate::activations::{Activations, ComputeDtype, ReferenceWeights, Tolerances};
+use crate::compare::{Activations, ComputeDtype, ReferenceWeights, Tolerances};
 use crate::dump::RankDump;
 use crate::forward::{self as fwd, ForwardSpec};
 use crate::gguf::{GgmlType, GgufModel};
@@ -133,7 +133,7 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         dtype: dtype.candle(),
         dsa: a.dsa.into(),
     };
-    let weights = crate::activations::weight_class(&l.model);
+    let weights = crate::compare::weight_class(&l.model);
     let mut notes = Vec::new();
     // One model: the unsharded one, or `tp` ranks of the same modules (simulated TP).
     let model = match a.tp {

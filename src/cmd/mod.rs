@@ -27,10 +27,10 @@ use std::path::{Path, PathBuf};
 
 pub use error::CmdError;
 
-use crate::activations::CmpVerdict;
 use crate::arch::config::ConfigReader;
 use crate::arch::hf_config::{self, HfConfig, HfConfigCheck};
 use crate::arch::Config;
+use crate::compare::CmpVerdict;
 use crate::gguf::GgufModel;
 use crate::plan::ShardPlan;
 use crate::weights::Weights;

@@ -8,9 +8,10 @@ use super::output::{emit_hf, progress};
 use super::{hf_config_check, open, CmdError, Ctx, Loaded, Outcome};
 use crate::arch::hf_config::HfConfigCheck;
 use crate::dump::RankDump;
+use crate::gguf::stats::glob_match;
 use crate::plan::{ParamPlan, ShardPlan};
 use crate::weights::Weights;
-use crate::{report, scan, shards};
+use crate::{report, shards};
 
 /// vLLM's tensor-parallel cut of every GLM-5 parameter; verify it; diagnose what ranks hold.
 ///
@@ -83,9 +84,10 @@ impl ShardsArgs {
     fn keeps(&self, p: &ParamPlan) -> bool {
         self.layer.is_none_or(|l| p.layer == Some(l))
             && (self.tensors.is_empty()
-                || self.tensors.iter().any(|g| {
-                    scan::glob_match(g, &p.param) || p.gguf.iter().any(|n| scan::glob_match(g, n))
-                }))
+                || self
+                    .tensors
+                    .iter()
+                    .any(|g| glob_match(g, &p.param) || p.gguf.iter().any(|n| glob_match(g, n))))
     }
 }
 

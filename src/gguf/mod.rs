@@ -7,6 +7,7 @@ pub mod error;
 pub mod model;
 pub mod noise;
 pub mod reader;
+pub mod stats;
 pub mod types;
 pub mod value;
 pub mod writer;

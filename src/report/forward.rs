@@ -4,8 +4,8 @@
 use serde_json::{json, Value};
 
 use super::{num, table};
-use crate::activations::forward::ForwardOutcome;
 use crate::compare::{CmpVerdict, Comparison, ModuleRow, Status, TieClass, ValueKind};
+use crate::forward::ForwardOutcome;
 
 fn quoted(s: &str) -> String {
     format!("{s:?}")

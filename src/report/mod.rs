@@ -13,8 +13,8 @@ use comfy_table::{presets, ContentArrangement, Table};
 
 pub use notes::*;
 
+use crate::gguf::stats::TensorStats;
 use crate::inspect::InspectReport;
-use crate::scan::TensorStats;
 
 /// A table in glmcheck's house style (plain ASCII/UTF-8 borders, no colour: NO_COLOR-safe by design).
 pub fn table(header: &[&str]) -> Table {

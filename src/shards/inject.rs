@@ -35,7 +35,10 @@ pub fn inject(
     for p in &plan.params {
         let full = w.vllm(&p.param)?;
         let in_scope = layer.is_none_or(|l| p.layer == Some(l))
-            && (only.is_empty() || only.iter().any(|g| crate::scan::glob_match(g, &p.param)));
+            && (only.is_empty()
+                || only
+                    .iter()
+                    .any(|g| crate::gguf::stats::glob_match(g, &p.param)));
         let f = if in_scope { fault.clone() } else { Fault::None };
         let name = crate::arch::glm_dsa::name(p.def.name_in(spec.names), p.idx);
         for (r, slot) in per_rank.iter_mut().enumerate() {

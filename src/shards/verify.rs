@@ -7,8 +7,8 @@ use serde::Serialize;
 use super::values;
 use crate::arch::glm_dsa::TpStyle;
 use crate::compare::diff;
+use crate::gguf::stats::{stream_stats, Stats};
 use crate::plan::{check_ranges, check_reassembly, ParamPlan, ShardPlan};
-use crate::scan::{stream_stats, Stats};
 use crate::weights::Weights;
 
 #[derive(Debug, Clone, Serialize)]
