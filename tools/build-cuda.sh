@@ -53,7 +53,7 @@ export LIBRARY_PATH="$links${LIBRARY_PATH:+:$LIBRARY_PATH}"
 if [ ! -f "$links/libcuda.so" ]; then
     cargo build --release --features cuda --manifest-path "$root/Cargo.toml" 2>/dev/null || true
     rlib="$(ls -t "$target"/release/deps/libcudarc-*.rlib | head -1)"
-    syms="$(nm -u "$rlib" 2>/dev/null | awk '$1 == "U" && $2 ~ /^cu/ {print $2}' | sort -u)"
+    syms="$(nm -u "$rlib" 2>/dev/null | awk '$1 == "U" && $2 ~ /^cu[A-Z]/ {print $2}' | sort -u)"
     [ -n "$syms" ] || { echo "no cu* symbols in $rlib" >&2; exit 2; }
     stub="$links/libcuda_stub.c"
     : > "$stub"

@@ -174,6 +174,8 @@ impl Mla {
 
         // Eager attention: scores in the compute dtype, mask added and softmax in f32.
         let dtype = x.dtype();
+        // Contiguous operands: cuBLAS' batched GEMM takes no arbitrary strides (the CPU gemm does).
+        let (query, key) = (query.contiguous()?, key.contiguous()?);
         let scores = (query.matmul(&key.t()?)? * self.scale)?; // [H, T, T]
         let scores = scores.to_dtype(DType::F32)?.broadcast_add(&allowed)?;
         let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(dtype)?;

@@ -116,7 +116,8 @@ impl Indexer {
         let scale = (self.head_dim as f64).powf(-0.5);
         let scores = q
             .to_dtype(DType::F32)?
-            .broadcast_matmul(&k.to_dtype(DType::F32)?.t()?)?;
+            .contiguous()?
+            .broadcast_matmul(&k.to_dtype(DType::F32)?.contiguous()?.t()?)?;
         let scores = (scores * scale)?.relu()?;
 
         let w = self.weights_proj.forward(&x.to_dtype(DType::F32)?)?; // [T, nI] f32
