@@ -67,6 +67,28 @@ pub struct ModuleRow {
     pub storage_rel_l2: f64,
 }
 
+impl ModuleRow {
+    /// A row not yet compared: status match, no numbers.
+    pub fn new(name: &str, layer: Option<usize>, role: ValueKind, aux: bool) -> Self {
+        ModuleRow {
+            name: name.to_string(),
+            layer,
+            role,
+            status: Status::Match,
+            rel_l2: None,
+            cosine: None,
+            max_abs: None,
+            max_abs_at: None,
+            positions_compared: None,
+            topk: None,
+            router: None,
+            note: None,
+            aux,
+            storage_rel_l2: 0.0,
+        }
+    }
+}
+
 /// What a row of the table says beside its numbers (worded by crate::report::reading).
 #[derive(Debug, Clone, PartialEq)]
 pub enum RowNote {
@@ -338,21 +360,9 @@ impl Walk<'_> {
     fn module(&mut self, key: &str, ra: &Act, ca: &Act) {
         let node = self.graph.node(key);
         let mut row = ModuleRow {
-            name: key.to_string(),
-            layer: node.layer,
-            role: node.role,
-            status: Status::Match,
-            rel_l2: None,
-            cosine: None,
-            max_abs: None,
-            max_abs_at: None,
-            positions_compared: None,
-            topk: None,
-            router: None,
-            note: None,
-            aux: node.aux,
             storage_rel_l2: activation_storage_rel_l2(ra.dtype)
                 + activation_storage_rel_l2(ca.dtype),
+            ..ModuleRow::new(key, node.layer, node.role, node.aux)
         };
         let cx = Ctx {
             reference: self.reference,

@@ -225,22 +225,7 @@ mod tests {
     }
 
     fn row() -> ModuleRow {
-        ModuleRow {
-            name: "m".into(),
-            layer: None,
-            role: ValueKind::Float,
-            status: Status::Match,
-            rel_l2: None,
-            cosine: None,
-            max_abs: None,
-            max_abs_at: None,
-            positions_compared: None,
-            topk: None,
-            router: None,
-            note: None,
-            aux: false,
-            storage_rel_l2: 0.0,
-        }
+        ModuleRow::new("m", None, ValueKind::Float, false)
     }
 
     fn tol() -> Tolerances {
