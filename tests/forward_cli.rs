@@ -712,8 +712,8 @@ fn measured_figures_sit_inside_their_profiles() {
         top1_min: 0.0,
         score_noise: 10.0,
         router_flip_max: 1.0,
-        basis: "measurement".into(),
         reference: glmcheck::compare::ReferenceWeights::Original,
+        ..Tolerances::for_profile(ComputeDtype::F32, glmcheck::gguf::GgmlType::F32)
     };
     println!(
         "| weights | compute | prompt | worst module rel-L2 | module | worst index_scores rel-L2 | KL mean | KL max | top-1 | RMS Δp | differing top-k rows (exact ties) | worst swap margin / row max | routed-expert flips (tokens) |"

@@ -167,10 +167,10 @@ impl TolFlags {
     /// `t` with the flags given applied, and the overridden ones named in its basis.
     pub fn apply(&self, mut t: Tolerances) -> Tolerances {
         let mut changed = Vec::new();
-        let mut set = |slot: &mut f64, v: Option<f64>, name: &str| {
+        let mut set = |slot: &mut f64, v: Option<f64>, name: &'static str| {
             if let Some(v) = v {
                 *slot = v;
-                changed.push(name.to_string());
+                changed.push(name);
             }
         };
         set(&mut t.rel_l2, self.rel_l2, "rel-l2");
@@ -179,10 +179,7 @@ impl TolFlags {
         set(&mut t.top1_min, self.top1_min, "top1-min");
         set(&mut t.score_noise, self.score_noise, "score-noise");
         set(&mut t.router_flip_max, self.router_flips, "router-flips");
-        if !changed.is_empty() {
-            t.basis
-                .push_str(&format!("; overridden: {}", changed.join(", ")));
-        }
+        t.basis.overridden.extend(changed);
         t
     }
 }
@@ -253,8 +250,11 @@ mod tests {
         assert_eq!(t.rel_l2, 0.25);
         assert_eq!(t.router_flip_max, 0.5);
         assert_eq!(t.kl_mean, base.kl_mean);
+        assert_eq!(t.basis.overridden, vec!["rel-l2", "router-flips"]);
         assert!(
-            t.basis.ends_with("; overridden: rel-l2, router-flips"),
+            t.basis
+                .to_string()
+                .ends_with("; overridden: rel-l2, router-flips"),
             "{}",
             t.basis
         );

@@ -70,7 +70,7 @@ pub enum Cause {
     OnlyLogits,
     /// Every module before the output sat inside the noise of different weights (`basis`: the
     /// tolerances' basis): too coarse to localize the fault.
-    WeightNoise { basis: String },
+    WeightNoise { basis: super::tolerance::Basis },
     /// The candidate has no indexer outputs and the module's other inputs match: dense attention.
     NoIndexer,
 }

@@ -109,6 +109,34 @@ impl ReferenceWeights {
     }
 }
 
+/// What a set of tolerances rests on: the profile it was measured (or derived) for, and the flags
+/// that overrode figures of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Basis {
+    pub dtype: ComputeDtype,
+    pub weights: GgmlType,
+    pub kind: BasisKind,
+    /// The flags (`rel-l2`, `kl-mean`, …) that replaced a figure, in the order applied.
+    pub overridden: Vec<&'static str>,
+}
+
+/// Where the figures come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BasisKind {
+    /// Measured on the fixtures for this compute dtype and weight type.
+    Measured,
+    /// 5- and 6-bit types: the 4-bit figures.
+    FromFourBit,
+    /// 2- and 3-bit types: twice the 4-bit figures.
+    TwiceFourBit,
+    /// f16 compute: bf16's figures.
+    FromBf16,
+    /// The same weights on both sides (glmcheck's own run): only the compute dtype differs.
+    SameWeights,
+    /// The same GGUF run by another engine: its kernels' noise, measured against llama.cpp.
+    OtherEngine,
+}
+
 /// How far a candidate may be from an f32 transformers reference and still be correct.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Tolerances {
@@ -126,8 +154,8 @@ pub struct Tolerances {
     /// Largest fraction of tokens whose routed experts may differ (near-tied expert scores) while
     /// the router logits agree.
     pub router_flip_max: f64,
-    /// What the figures are based on.
-    pub basis: String,
+    /// What the figures are based on (worded by `crate::report::reading`).
+    pub basis: Basis,
     /// What the reference's weights are (decides which figures apply).
     pub reference: ReferenceWeights,
 }
@@ -174,11 +202,12 @@ impl Tolerances {
             ReferenceWeights::Same => {
                 let mut t = Self::for_profile(dtype, GgmlType::F32);
                 t.reference = reference;
-                t.basis = format!(
-                    "{} compute, the same {} weights on both sides (glmcheck's own run)",
-                    dtype.name(),
-                    weights.name
-                );
+                t.basis = Basis {
+                    dtype,
+                    weights,
+                    kind: BasisKind::SameWeights,
+                    overridden: Vec::new(),
+                };
                 t
             }
             ReferenceWeights::SameGguf => {
@@ -200,12 +229,12 @@ impl Tolerances {
                     };
                 }
                 t.reference = reference;
-                t.basis = format!(
-                    "{} compute, the same {} weights run by another engine (kernel noise measured \
-                     against llama.cpp)",
-                    dtype.name(),
-                    weights.name
-                );
+                t.basis = Basis {
+                    dtype,
+                    weights,
+                    kind: BasisKind::OtherEngine,
+                    overridden: Vec::new(),
+                };
                 t
             }
         }
@@ -215,23 +244,21 @@ impl Tolerances {
         let bits = weights.noise_bits();
         let half = dtype != ComputeDtype::F32;
         // (rel_l2, kl_mean, kl_max, top1_min, score_noise, router_flip_max)
-        let (v, basis): ((f64, f64, f64, f64, f64, f64), &str) = match (half, bits) {
-            (false, 32) => ((1e-4, 1e-6, 1e-5, 1.0, 1e-5, 0.0), "measured"),
-            (false, 16) => ((2e-2, 1e-4, 2e-4, 0.9, 1e-2, 0.1), "measured"),
-            (true, 16..) => ((5e-2, 5e-4, 1e-3, 0.85, 3e-2, 0.1), "measured"),
-            (false, 8) => ((6e-2, 8e-4, 1.5e-3, 0.85, 4e-2, 0.1), "measured"),
-            (true, 8) => ((8e-2, 1e-3, 2e-3, 0.85, 4e-2, 0.1), "measured"),
-            (_, 4) => ((0.6, 8e-2, 0.15, 0.5, 2.0, 0.3), "measured"),
-            (_, 5..=6) => ((0.6, 8e-2, 0.15, 0.5, 2.0, 0.3), "derived from 4-bit"),
-            _ => (
-                (1.2, 0.16, 0.3, 0.3, 2.0, 0.5),
-                "derived: twice the 4-bit bounds",
-            ),
+        use BasisKind::*;
+        let (v, kind): ((f64, f64, f64, f64, f64, f64), BasisKind) = match (half, bits) {
+            (false, 32) => ((1e-4, 1e-6, 1e-5, 1.0, 1e-5, 0.0), Measured),
+            (false, 16) => ((2e-2, 1e-4, 2e-4, 0.9, 1e-2, 0.1), Measured),
+            (true, 16..) => ((5e-2, 5e-4, 1e-3, 0.85, 3e-2, 0.1), Measured),
+            (false, 8) => ((6e-2, 8e-4, 1.5e-3, 0.85, 4e-2, 0.1), Measured),
+            (true, 8) => ((8e-2, 1e-3, 2e-3, 0.85, 4e-2, 0.1), Measured),
+            (_, 4) => ((0.6, 8e-2, 0.15, 0.5, 2.0, 0.3), Measured),
+            (_, 5..=6) => ((0.6, 8e-2, 0.15, 0.5, 2.0, 0.3), FromFourBit),
+            _ => ((1.2, 0.16, 0.3, 0.3, 2.0, 0.5), TwiceFourBit),
         };
-        let basis = if dtype == ComputeDtype::F16 {
-            "derived from bf16"
+        let kind = if dtype == ComputeDtype::F16 {
+            FromBf16
         } else {
-            basis
+            kind
         };
         Tolerances {
             rel_l2: v.0,
@@ -241,11 +268,12 @@ impl Tolerances {
             score_noise: v.4,
             router_flip_max: v.5,
             reference: ReferenceWeights::Original,
-            basis: format!(
-                "{} compute, {} weights ({basis})",
-                dtype.name(),
-                weights.name
-            ),
+            basis: Basis {
+                dtype,
+                weights,
+                kind,
+                overridden: Vec::new(),
+            },
         }
     }
 }
@@ -301,10 +329,17 @@ mod tests {
         assert_eq!(p(F32, GgmlType::Q2_K), (1.2, 0.16, 0.3, 0.3, 2.0, 0.5));
         assert_eq!(p(F16, GgmlType::BF16), p(Bf16, GgmlType::BF16));
         let t = Tolerances::for_profile(F16, GgmlType::Q8_0);
-        assert_eq!(t.basis, "f16 compute, Q8_0 weights (derived from bf16)");
+        assert_eq!(t.basis.kind, BasisKind::FromBf16);
+        assert_eq!(
+            t.basis.to_string(),
+            "f16 compute, Q8_0 weights (derived from bf16)"
+        );
         assert_eq!(t.reference, ReferenceWeights::Original);
         let t = Tolerances::for_profile(F32, GgmlType::Q5_K);
-        assert_eq!(t.basis, "f32 compute, Q5_K weights (derived from 4-bit)");
+        assert_eq!(
+            t.basis.to_string(),
+            "f32 compute, Q5_K weights (derived from 4-bit)"
+        );
     }
 
     #[test]

@@ -347,6 +347,42 @@ impl fmt::Display for RowNote {
 
 serialize_as_sentence!(Reading, ExclusionCause, Note, RowNote);
 
+/// A tolerance basis in words: `f32 compute, Q8_0 weights (measured)`, with the overriding flags.
+impl fmt::Display for crate::compare::tolerance::Basis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::compare::tolerance::BasisKind::*;
+        let (d, w) = (self.dtype.name(), self.weights.name);
+        match self.kind {
+            Measured => write!(f, "{d} compute, {w} weights (measured)")?,
+            FromFourBit => write!(f, "{d} compute, {w} weights (derived from 4-bit)")?,
+            TwiceFourBit => write!(
+                f,
+                "{d} compute, {w} weights (derived: twice the 4-bit bounds)"
+            )?,
+            FromBf16 => write!(f, "{d} compute, {w} weights (derived from bf16)")?,
+            SameWeights => write!(
+                f,
+                "{d} compute, the same {w} weights on both sides (glmcheck's own run)"
+            )?,
+            OtherEngine => write!(
+                f,
+                "{d} compute, the same {w} weights run by another engine (kernel noise measured \
+                 against llama.cpp)"
+            )?,
+        }
+        if !self.overridden.is_empty() {
+            write!(f, "; overridden: {}", self.overridden.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for crate::compare::tolerance::Basis {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
