@@ -220,10 +220,37 @@ pub fn unpadded_vocab_cut(v: usize, tp: usize, rank: usize) -> Cut {
     }
 }
 
+/// What a fault's signature saw in a rank's tensor (worded by `crate::report::shards`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sign {
+    /// Cut along `dim` instead of the plan's `shard_dim`.
+    WrongDim {
+        dim: usize,
+        shard_dim: usize,
+    },
+    /// `rows` rows per rank (vocab / tp) instead of `padded_rows` (vocab padded to `padded` / tp).
+    VocabUnpadded {
+        rows: usize,
+        vocab: usize,
+        padded_rows: usize,
+        padded: usize,
+    },
+    AllZeros,
+    AllOnes,
+    /// Declared F16, the bits are the expected values in bf16.
+    Bf16Bits,
+    /// A contiguous block of the [gate; up] concatenation instead of gate shard r then up shard r.
+    MidsplitBlock,
+    /// All heads' k_nope then all heads' v, not [k_nope; v] per head.
+    KvbConcat,
+    /// attn_k_b reshaped, not transposed back.
+    KvbUntransposed,
+}
+
 /// What one corrupt rank's tensor is explained by.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Explanation {
-    Fault(Fault, String),
+    Fault(Fault, Sign),
     /// Holds rank `0`'s shard (resolved into rank-swap or merged-rank0 across ranks).
     HoldsShardOf(usize),
     ShapeMismatch {
@@ -272,11 +299,10 @@ fn wrong_dim(e: &Evidence<'_>) -> Option<Explanation> {
     e.same_as_cut(&c, e.full).then(|| {
         Explanation::Fault(
             Fault::WrongDim,
-            format!(
-                "cut along dim {} instead of dim {}",
-                c.dim,
-                p.shard_dim.unwrap_or(0)
-            ),
+            Sign::WrongDim {
+                dim: c.dim,
+                shard_dim: p.shard_dim.unwrap_or(0),
+            },
         )
     })
 }
@@ -295,13 +321,12 @@ pub fn explain(e: &Evidence<'_>, _c: &Config) -> Explanation {
             if e.same_as_cut(&c, e.full) {
                 return Explanation::Fault(
                     Fault::VocabUnpadded,
-                    format!(
-                        "{} rows per rank (vocab {}/tp) instead of {} (vocab padded to {}/tp)",
-                        c.len(),
-                        p.full_shape[0],
-                        expected.first().copied().unwrap_or(0),
-                        crate::plan::padded_vocab(p.full_shape[0])
-                    ),
+                    Sign::VocabUnpadded {
+                        rows: c.len(),
+                        vocab: p.full_shape[0],
+                        padded_rows: expected.first().copied().unwrap_or(0),
+                        padded: crate::plan::padded_vocab(p.full_shape[0]),
+                    },
                 );
             }
         }
@@ -312,16 +337,10 @@ pub fn explain(e: &Evidence<'_>, _c: &Config) -> Explanation {
     }
     let a = e.actual.to_f32();
     if !a.is_empty() && a.iter().all(|&x| x == 0.0) {
-        return Explanation::Fault(
-            Fault::ParamZeroed(p.param.clone()),
-            "all zeros (an init value: the parameter was never loaded)".into(),
-        );
+        return Explanation::Fault(Fault::ParamZeroed(p.param.clone()), Sign::AllZeros);
     }
     if !a.is_empty() && a.iter().all(|&x| x == 1.0) {
-        return Explanation::Fault(
-            Fault::ParamZeroed(p.param.clone()),
-            "all ones (an init value: the parameter was never loaded)".into(),
-        );
+        return Explanation::Fault(Fault::ParamZeroed(p.param.clone()), Sign::AllOnes);
     }
     if e.actual.dtype == Dtype::F16 {
         let as_bf16 = DumpTensor {
@@ -335,10 +354,7 @@ pub fn explain(e: &Evidence<'_>, _c: &Config) -> Explanation {
             ..*e
         };
         if p.shard(e.full, e.rank).is_ok_and(|t| re.same_as(&t)) {
-            return Explanation::Fault(
-                Fault::Bf16AsF16,
-                "declared F16, but the bits are the expected values in bf16".into(),
-            );
+            return Explanation::Fault(Fault::Bf16AsF16, Sign::Bf16Bits);
         }
     }
     if !p.cuts.is_empty() {
@@ -350,10 +366,7 @@ pub fn explain(e: &Evidence<'_>, _c: &Config) -> Explanation {
         if matches!(p.style, TpStyle::MergedColumn | TpStyle::MoeW13)
             && e.same_as_cut(&midsplit_cut(p, e.tp, e.rank), e.full)
         {
-            return Explanation::Fault(
-                Fault::MergedMidsplit,
-                "holds a contiguous block of the [gate; up] concatenation instead of gate shard r then up shard r".into(),
-            );
+            return Explanation::Fault(Fault::MergedMidsplit, Sign::MidsplitBlock);
         }
         if let Some(x) = wrong_dim(e) {
             return x;
@@ -362,18 +375,12 @@ pub fn explain(e: &Evidence<'_>, _c: &Config) -> Explanation {
     if p.def.role() == Some(Role::AttnKvB) {
         if let Ok(t) = kvb_concat(e.w, p) {
             if p.shard(&t, e.rank).is_ok_and(|s| e.same_as(&s)) {
-                return Explanation::Fault(
-                    Fault::KvbConcat,
-                    "rows are all heads' k_nope then all heads' v, not [k_nope; v] per head: this rank computes with the wrong heads".into(),
-                );
+                return Explanation::Fault(Fault::KvbConcat, Sign::KvbConcat);
             }
         }
         if let Ok(t) = kvb_untransposed(e.w, p) {
             if p.shard(&t, e.rank).is_ok_and(|s| e.same_as(&s)) {
-                return Explanation::Fault(
-                    Fault::KvbUntransposed,
-                    "k rows are attn_k_b reshaped, not transposed back ([H, kv_lora, nope] read as [H, nope, kv_lora])".into(),
-                );
+                return Explanation::Fault(Fault::KvbUntransposed, Sign::KvbUntransposed);
             }
         }
     }

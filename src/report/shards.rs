@@ -287,6 +287,30 @@ pub fn cause_name(c: &Cause) -> &'static str {
     }
 }
 
+/// What a fault's signature saw, in words.
+pub fn sign(s: &crate::faults::Sign) -> String {
+    use crate::faults::Sign;
+    match s {
+        Sign::WrongDim { dim, shard_dim } => {
+            format!("cut along dim {dim} instead of dim {shard_dim}")
+        }
+        Sign::VocabUnpadded {
+            rows,
+            vocab,
+            padded_rows,
+            padded,
+        } => format!(
+            "{rows} rows per rank (vocab {vocab}/tp) instead of {padded_rows} (vocab padded to {padded}/tp)"
+        ),
+        Sign::AllZeros => "all zeros (an init value: the parameter was never loaded)".into(),
+        Sign::AllOnes => "all ones (an init value: the parameter was never loaded)".into(),
+        Sign::Bf16Bits => "declared F16, but the bits are the expected values in bf16".into(),
+        Sign::MidsplitBlock => "holds a contiguous block of the [gate; up] concatenation instead of gate shard r then up shard r".into(),
+        Sign::KvbConcat => "rows are all heads' k_nope then all heads' v, not [k_nope; v] per head: this rank computes with the wrong heads".into(),
+        Sign::KvbUntransposed => "k rows are attn_k_b reshaped, not transposed back ([H, kv_lora, nope] read as [H, nope, kv_lora])".into(),
+    }
+}
+
 /// The cause's detail: what the ranks hold.
 pub fn cause_detail(c: &Cause) -> String {
     match c {
@@ -294,8 +318,8 @@ pub fn cause_detail(c: &Cause) -> String {
             detail,
             experts: Some((corrupt, of)),
             ..
-        } => format!("{detail} (in {corrupt} of {of} experts)"),
-        Cause::Fault { detail, .. } => detail.clone(),
+        } => format!("{} (in {corrupt} of {of} experts)", sign(detail)),
+        Cause::Fault { detail, .. } => sign(detail),
         Cause::MergedRank0 { shard } => {
             format!("every rank holds shard {shard} (the tp rank was ignored while loading)")
         }
@@ -398,13 +422,13 @@ mod tests {
     fn details_and_grouping() {
         let zeroed = |experts| Cause::Fault {
             fault: Fault::ParamZeroed("*".into()),
-            detail: "all zeros".into(),
+            detail: crate::faults::Sign::AllZeros,
             experts,
         };
         assert_eq!(cause_name(&zeroed(None)), "param-zeroed");
         assert_eq!(
             cause_detail(&zeroed(Some((3, 8)))),
-            "all zeros (in 3 of 8 experts)"
+            "all zeros (an init value: the parameter was never loaded) (in 3 of 8 experts)"
         );
         assert!(!same_reading(&zeroed(None), &zeroed(Some((3, 8)))));
         assert_eq!(

@@ -19,7 +19,7 @@ pub enum Cause {
     /// `faults::explain`). `experts`: (corrupt, of) for an expert stack where not every expert is.
     Fault {
         fault: Fault,
-        detail: String,
+        detail: crate::faults::Sign,
         experts: Option<(usize, usize)>,
     },
     /// Every rank but 0 holds rank 0's shard `shard` (the tp rank was ignored while loading).
