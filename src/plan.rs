@@ -58,6 +58,54 @@ impl Cut {
     }
 }
 
+/// Why a parameter cannot be cut at this tp (worded by `crate::report::shards`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanProblem {
+    /// The parameter's parts are unknown to the name table.
+    NoShape,
+    /// `n` (`what`: output rows, input columns, …) does not divide by tp.
+    NotDivisible {
+        what: &'static str,
+        n: usize,
+        tp: usize,
+    },
+    /// An expert tensor that is not `[E, rows, cols]`.
+    NotThreeD { shape: Vec<usize> },
+    /// The attention heads do not divide by tp: a rank would hold part of a head.
+    HeadsNotDivisible { heads: usize, tp: usize },
+    /// Rank `rank` gets rows `rows`, not the whole heads `heads` the other projections give it.
+    HeadsMisaligned {
+        rank: usize,
+        rows: (usize, usize),
+        heads: (usize, usize),
+    },
+}
+
+/// What is worth knowing about a parameter's cut that is not wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanNote {
+    /// A name-table part without its own entry (a table bug).
+    NotInTable {
+        part: &'static str,
+    },
+    GgufMissing {
+        tensor: String,
+    },
+    /// A row-parallel cut of `width` columns slices `dtype`'s blocks of `block` values.
+    SplitsQuantBlocks {
+        width: usize,
+        dtype: GgmlType,
+        block: u64,
+    },
+    VocabPadded {
+        vocab: usize,
+        padded: usize,
+    },
+    HeadsPerRank {
+        heads: usize,
+    },
+}
+
 /// One parameter's plan.
 #[derive(Debug, Clone, Serialize)]
 pub struct ParamPlan {
@@ -73,11 +121,11 @@ pub struct ParamPlan {
     pub style: TpStyle,
     pub shard_dim: Option<usize>,
     pub shard_shape: Vec<usize>,
-    pub notes: Vec<String>,
+    pub notes: Vec<PlanNote>,
     /// A per-rank cut slices quant blocks of the GGUF data (the shard cannot be cut from the bytes).
     pub splits_quant_blocks: bool,
     /// Cuts that cannot be made (divisibility): the deployment cannot run at this tp.
-    pub problems: Vec<String>,
+    pub problems: Vec<PlanProblem>,
     #[serde(skip)]
     pub cuts: Vec<Cut>,
     /// Each fused HF part's extent along the concatenation dim of the full tensor (one entry for an
@@ -161,7 +209,7 @@ fn cuts_for(
     shape: &[usize],
     parts: &[usize],
     tp: usize,
-    problems: &mut Vec<String>,
+    problems: &mut Vec<PlanProblem>,
 ) -> (Option<usize>, Vec<Cut>) {
     let rank_cuts = |dim: usize, f: &dyn Fn(usize) -> (Vec<(usize, usize)>, usize)| {
         (0..tp)
@@ -172,12 +220,12 @@ fn cuts_for(
             .collect::<Vec<_>>()
     };
     if shape.is_empty() {
-        problems.push("no shape (the parameter's parts are unknown)".into());
+        problems.push(PlanProblem::NoShape);
         return (None, Vec::new());
     }
-    let mut need = |n: usize, what: &str| {
+    let mut need = |n: usize, what: &'static str| {
         if !n.is_multiple_of(tp) {
-            problems.push(format!("{what} {n} is not divisible by tp={tp}"));
+            problems.push(PlanProblem::NotDivisible { what, n, tp });
         }
     };
     match style {
@@ -223,7 +271,9 @@ fn cuts_for(
             )
         }
         TpStyle::MoeW2 => {
-            problems.push(format!("expert tensor of shape {shape:?} is not 3-D"));
+            problems.push(PlanProblem::NotThreeD {
+                shape: shape.to_vec(),
+            });
             (None, Vec::new())
         }
         TpStyle::Vocab => {
@@ -306,7 +356,7 @@ fn plan_param(
     let mut notes = Vec::new();
     for part in def.parts {
         let Some(hf) = glm_dsa::HF_TABLE.iter().find(|d| d.hf == *part) else {
-            notes.push(format!("internal: {part} is not in the name table"));
+            notes.push(PlanNote::NotInTable { part });
             continue;
         };
         let mut shape = glm_dsa::resolve(hf.shape, c);
@@ -335,7 +385,7 @@ fn plan_param(
                         dtypes.push(t.info.dtype);
                     }
                 }
-                None => notes.push(format!("GGUF tensor {n} is missing")),
+                None => notes.push(PlanNote::GgufMissing { tensor: n.clone() }),
             }
             gguf.push(n);
         }
@@ -361,21 +411,21 @@ fn plan_param(
         for t in &dtypes {
             if t.is_quantized() && width % t.block_size as usize != 0 {
                 splits_quant_blocks = true;
-                notes.push(format!(
-                    "cut splits quant blocks: {width}-wide input slices of {t}'s {}-value blocks; dequantize before sharding, do not slice GGUF bytes",
-                    t.block_size
-                ));
+                notes.push(PlanNote::SplitsQuantBlocks {
+                    width,
+                    dtype: *t,
+                    block: t.block_size,
+                });
             }
         }
     }
     if def.style == TpStyle::Vocab {
         let vp = padded_vocab(full_shape[0]);
         if vp != full_shape[0] {
-            notes.push(format!(
-                "vocab {} padded to {vp} (×{VOCAB_PADDING}); the last {} rows of the padded table are zero",
-                full_shape[0],
-                vp - full_shape[0]
-            ));
+            notes.push(PlanNote::VocabPadded {
+                vocab: full_shape[0],
+                padded: vp,
+            });
         }
     }
     ParamPlan {
@@ -403,9 +453,8 @@ fn check_head_alignment(params: &mut [ParamPlan], c: &Config, tp: usize) {
     let h = c.num_attention_heads;
     if !h.is_multiple_of(tp) {
         for p in params.iter_mut().filter(|p| is_attn_head_param(p)) {
-            p.problems.push(format!(
-                "{h} attention heads cannot be split over tp={tp}: a rank would hold part of a head"
-            ));
+            p.problems
+                .push(PlanProblem::HeadsNotDivisible { heads: h, tp });
         }
         return;
     }
@@ -423,13 +472,14 @@ fn check_head_alignment(params: &mut [ParamPlan], c: &Config, tp: usize) {
             let heads = (a / ph, b / ph);
             let want = (r * h / tp, (r + 1) * h / tp);
             if a % ph != 0 || b % ph != 0 || heads != want {
-                p.problems.push(format!(
-                    "rank {r} gets rows {a}..{b}, not whole heads {}..{} like the other attention projections",
-                    want.0, want.1
-                ));
+                p.problems.push(PlanProblem::HeadsMisaligned {
+                    rank: r,
+                    rows: (a, b),
+                    heads: want,
+                });
             }
         }
-        p.notes.push(format!("{} head(s) per rank", h / tp));
+        p.notes.push(PlanNote::HeadsPerRank { heads: h / tp });
     }
 }
 
@@ -595,6 +645,33 @@ mod tests {
         let norm = param(&plan, "model.norm.weight");
         assert!(norm.cuts.is_empty() && norm.shard_dim.is_none());
         assert!(plan.params.iter().all(|p| p.problems.is_empty()));
+    }
+
+    #[test]
+    fn cuts_that_cannot_be_made_are_typed_problems() {
+        let (m, c) = tiny();
+        let plan = ShardPlan::new(&m, &c, 3);
+        let qb = param(&plan, "model.layers.1.self_attn.q_b_proj.weight");
+        assert!(qb.problems.contains(&PlanProblem::HeadsNotDivisible {
+            heads: c.num_attention_heads,
+            tp: 3
+        }));
+        let gu = param(&plan, "model.layers.0.mlp.gate_up_proj.weight");
+        assert!(gu.problems.iter().any(|p| matches!(
+            p,
+            PlanProblem::NotDivisible {
+                what: "merged part rows",
+                tp: 3,
+                ..
+            }
+        )));
+        let norm = param(&plan, "model.norm.weight");
+        assert!(norm.problems.is_empty());
+        let e = param(&ShardPlan::new(&m, &c, 4), "model.embed_tokens.weight").clone();
+        assert!(e.notes.contains(&PlanNote::VocabPadded {
+            vocab: c.vocab_size,
+            padded: padded_vocab(c.vocab_size)
+        }));
     }
 
     #[test]

@@ -69,7 +69,7 @@ pub fn run(a: &InjectArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         return Err(CmdError::Unshardable {
             param: p.param.clone(),
             tp,
-            problems: p.problems.clone(),
+            problems: p.problems.iter().map(|x| x.to_string()).collect(),
         }
         .into());
     }

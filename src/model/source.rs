@@ -114,7 +114,11 @@ impl<'w, 'a> ShardSource<'w, 'a> {
                 "{} cannot be sharded at tp={}: {}",
                 p.param,
                 plan.tp,
-                p.problems.join("; ")
+                p.problems
+                    .iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
             )));
         }
         let cache = Rc::new(RefCell::new(UnshardedCache::default()));

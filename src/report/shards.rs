@@ -24,7 +24,7 @@ pub fn shards_text(plan: &crate::plan::ShardPlan, rows: &[&crate::plan::ParamPla
             .iter()
             .map(|s| format!("PROBLEM: {s}"))
             .collect::<Vec<_>>();
-        notes.extend(p.notes.iter().cloned());
+        notes.extend(p.notes.iter().map(|n| n.to_string()));
         t.add_row(vec![
             p.param.clone(),
             p.gguf.join("\n"),
@@ -255,6 +255,7 @@ fn provenance_line(pb: &crate::shards::ProvenanceBasis) -> String {
 /// A `--verify` problem in words.
 pub fn problem_text(p: &Problem) -> String {
     match p {
+        Problem::Cut(p) => p.to_string(),
         Problem::Plan(s) | Problem::Unreadable(s) => s.clone(),
         Problem::SourcesMissing => "GGUF source tensor(s) missing".to_string(),
         Problem::NonFinite { nan, inf } => format!("{nan} NaN and {inf} Inf values"),
@@ -379,6 +380,65 @@ impl Serialize for Finding {
             cosine: self.cosine,
         }
         .serialize(s)
+    }
+}
+
+/// A plan problem in words (the JSON's `problems` strings).
+impl std::fmt::Display for crate::plan::PlanProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::plan::PlanProblem::*;
+        match self {
+            NoShape => f.write_str("no shape (the parameter's parts are unknown)"),
+            NotDivisible { what, n, tp } => write!(f, "{what} {n} is not divisible by tp={tp}"),
+            NotThreeD { shape } => write!(f, "expert tensor of shape {shape:?} is not 3-D"),
+            HeadsNotDivisible { heads, tp } => write!(
+                f,
+                "{heads} attention heads cannot be split over tp={tp}: a rank would hold part of a head"
+            ),
+            HeadsMisaligned { rank, rows, heads } => write!(
+                f,
+                "rank {rank} gets rows {}..{}, not whole heads {}..{} like the other attention projections",
+                rows.0, rows.1, heads.0, heads.1
+            ),
+        }
+    }
+}
+
+/// A plan note in words (the JSON's `notes` strings).
+impl std::fmt::Display for crate::plan::PlanNote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::plan::PlanNote::*;
+        match self {
+            NotInTable { part } => write!(f, "internal: {part} is not in the name table"),
+            GgufMissing { tensor } => write!(f, "GGUF tensor {tensor} is missing"),
+            SplitsQuantBlocks {
+                width,
+                dtype,
+                block,
+            } => write!(
+                f,
+                "cut splits quant blocks: {width}-wide input slices of {dtype}'s {block}-value blocks; dequantize before sharding, do not slice GGUF bytes"
+            ),
+            VocabPadded { vocab, padded } => write!(
+                f,
+                "vocab {vocab} padded to {padded} (×{}); the last {} rows of the padded table are zero",
+                crate::plan::VOCAB_PADDING,
+                padded - vocab
+            ),
+            HeadsPerRank { heads } => write!(f, "{heads} head(s) per rank"),
+        }
+    }
+}
+
+impl serde::Serialize for crate::plan::PlanProblem {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl serde::Serialize for crate::plan::PlanNote {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 

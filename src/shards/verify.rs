@@ -41,8 +41,10 @@ pub enum ReassemblyCheck {
 /// What is wrong with a parameter or its shards. Its words are `report::shards`'.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Problem {
-    /// The plan's own problem, its cuts not tiling the tensor, or the shards not reassembling it
-    /// (the plan's reading).
+    /// The plan cannot cut this parameter at this tp.
+    Cut(crate::plan::PlanProblem),
+    /// The plan's cuts not tiling the tensor, or the shards not reassembling it (the plan's
+    /// reading).
     Plan(String),
     /// Some of its GGUF source tensors are not in the file.
     SourcesMissing,
@@ -101,7 +103,7 @@ pub fn verify(
         let src = sources(p);
         let src_bytes: u64 = src.iter().map(|t| t.info.n_bytes).sum();
         let n_values: usize = p.full_shape.iter().product();
-        let mut problems: Vec<Problem> = p.problems.iter().cloned().map(Problem::Plan).collect();
+        let mut problems: Vec<Problem> = p.problems.iter().cloned().map(Problem::Cut).collect();
         if let Err(e) = check_ranges(p) {
             problems.push(Problem::Plan(e));
         }
