@@ -230,11 +230,13 @@ impl WeightSource for ShardSource<'_, '_> {
         let t = self.vllm_rank(index)?;
         let plan = &self.plan.params[index];
         match plan.part_slice(part, self.plan.tp) {
-            Some(s) => t
-                .narrow(s.dim, s.start, s.len)
-                .map_err(candle(format!("{} (rank {})", plan.param, self.rank))),
+            Some(s) => t.narrow(s.dim, s.start, s.len),
             None => Ok(t),
         }
+        // Contiguous: a row-parallel shard or a part of a fused tensor is a strided view, which
+        // cuBLAS will not take (the CPU gemm does).
+        .and_then(|t| t.contiguous())
+        .map_err(candle(format!("{} (rank {})", plan.param, self.rank)))
     }
 
     fn fallbacks(&self) -> &[String] {
