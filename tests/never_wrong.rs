@@ -713,3 +713,63 @@ fn a_gguf_of_another_architecture_is_inventoried_not_read_as_glm5() {
         stderr(&out)
     );
 }
+
+/// A per-rank dump where one rank's copy of a replicated parameter differs (here rank 2's layer-1
+/// input_layernorm, doubled) must not pass: the simulation runs rank 0's copies of replicated
+/// modules, so it names the rank and module instead of comparing clean.
+#[test]
+fn a_rank_whose_replicated_copy_differs_is_a_finding_not_a_pass() {
+    let g = gguf("tiny-F32");
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = glmcheck(&[
+        "inject",
+        s(&g),
+        "--fault",
+        "none",
+        "--tp",
+        "4",
+        "--out",
+        s(dir.path()),
+        "-q",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let forward = |dir: &Path| {
+        glmcheck(&[
+            "forward",
+            s(&g),
+            "--tokens",
+            common::PROMPT0_IDS,
+            "--tp",
+            "4",
+            "--weights-from",
+            s(dir),
+            "--max-new-tokens",
+            "0",
+            "--json",
+        ])
+    };
+    let clean = forward(dir.path());
+    assert_eq!(clean.status.code(), Some(0), "{}", stdout(&clean));
+    let rank2 = dir.path().join("rank2.safetensors");
+    let target = "model.layers.1.input_layernorm.weight";
+    let mut hit = false;
+    rewrite_safetensors(&rank2, &rank2, |name, dtype, _, data| {
+        if name == target {
+            assert_eq!(*dtype, safetensors::Dtype::F32);
+            for c in data.chunks_exact_mut(4) {
+                let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * 2.0;
+                c.copy_from_slice(&v.to_le_bytes());
+            }
+            hit = true;
+        }
+        true
+    });
+    assert!(hit, "{target} not in rank 2's dump");
+    let bad = forward(dir.path());
+    assert_eq!(bad.status.code(), Some(1), "{}", stdout(&bad));
+    let notes = json_of(&bad)["notes"].to_string();
+    assert!(
+        notes.contains("rank 2's model.layers.1.input_layernorm differs from rank 0's"),
+        "{notes}"
+    );
+}

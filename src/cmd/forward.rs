@@ -144,6 +144,7 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
                 a.weights_from.as_deref(),
                 m.fallbacks(),
             ));
+            notes.extend(m.replica_mismatches().iter().map(report::replica_note));
             m
         }
         None => Glm5::load_with(&w, options)?,
@@ -189,6 +190,12 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     let o = match &outcome.comparison {
         Some(c) => Outcome::from(c.verdict()),
         None => Outcome::Ok,
+    };
+    // A rank whose replicated copy differs is a finding even when rank 0's copies compare clean.
+    let o = if model.replica_mismatches().is_empty() {
+        o
+    } else {
+        Outcome::Finding
     };
     Ok(o.with_hf(hf.as_ref()))
 }

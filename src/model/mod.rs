@@ -110,6 +110,84 @@ impl Default for ModelOptions {
     }
 }
 
+/// A replicated parameter (norm, latent projection, indexer, router) whose copy on `rank` is not
+/// rank 0's. vLLM gives every rank its own copy; the simulated forward runs the replicated modules
+/// with rank 0's, so a rank whose copy differs is not simulated faithfully and must be reported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaMismatch {
+    pub rank: usize,
+    /// The HF module path (`model.layers.1.input_layernorm`).
+    pub module: String,
+    pub rel_l2: f64,
+}
+
+/// Copies that differ by more than this rel-L2 differ (a bf16 dump against the GGUF's f32 cut
+/// differs by ~4e-3 from rounding alone).
+const REPLICA_REL_L2: f64 = 2e-2;
+
+impl RankModel {
+    /// The replicated parameters of this rank, keyed by HF module path.
+    fn replicated(&self) -> Vec<(String, &Tensor)> {
+        let mut v: Vec<(String, &Tensor)> = Vec::new();
+        for l in &self.layers {
+            let (p, a, i) = (&l.paths, &l.attn, &l.attn.indexer);
+            let ip = &p.attn.indexer;
+            v.push((p.input_norm.clone(), &l.input_norm.weight));
+            v.push((p.post_norm.clone(), &l.post_norm.weight));
+            v.push((p.attn.q_a.clone(), &a.q_a.weight));
+            v.push((p.attn.q_a_norm.clone(), &a.q_a_norm.weight));
+            v.push((p.attn.kv_a.clone(), &a.kv_a.weight));
+            v.push((p.attn.kv_a_norm.clone(), &a.kv_a_norm.weight));
+            v.push((ip.wq_b.clone(), &i.wq_b.weight));
+            v.push((ip.wk.clone(), &i.wk.weight));
+            v.push((ip.k_norm.clone(), &i.k_norm.weight));
+            v.push((ip.k_norm.clone(), &i.k_norm.bias));
+            v.push((ip.weights_proj.clone(), &i.weights_proj.weight));
+            if let FeedForward::Moe(m) = &l.ffn {
+                v.push((m.router.path.clone(), &m.router.weight.weight));
+                v.push((m.router.path.clone(), &m.router.bias));
+            }
+        }
+        v.push((
+            Role::FinalNorm.module(None).unwrap_or_default(),
+            &self.norm.weight,
+        ));
+        v
+    }
+}
+
+/// Rank r ≥ 1's replicated copies against rank 0's.
+fn replica_mismatches(ranks: &[RankModel]) -> Result<Vec<ReplicaMismatch>, ModelError> {
+    let Some((first, rest)) = ranks.split_first() else {
+        return Ok(Vec::new());
+    };
+    let want = first.replicated();
+    let values = |t: &Tensor, m: &str| {
+        t.to_dtype(DType::F32)
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(at(m))
+    };
+    let mut out = Vec::new();
+    for (r, rank) in rest.iter().enumerate() {
+        for ((module, a), (_, b)) in want.iter().zip(rank.replicated()) {
+            let d = crate::compare::diff(&values(b, module)?, &values(a, module)?);
+            if (d.rel_l2.is_nan() || d.rel_l2 > REPLICA_REL_L2)
+                && !out
+                    .iter()
+                    .any(|m: &ReplicaMismatch| m.rank == r + 1 && m.module == *module)
+            {
+                out.push(ReplicaMismatch {
+                    rank: r + 1,
+                    module: module.clone(),
+                    rel_l2: d.rel_l2,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// One rank's modules; the whole model when there is one rank.
 #[derive(Debug, Clone)]
 pub struct RankModel {
@@ -140,6 +218,8 @@ pub struct Glm5 {
     fallbacks: Vec<String>,
     /// Built by [`Glm5::sharded`]: simulated tensor parallel of this degree (1 included).
     simulated_tp: Option<usize>,
+    /// Ranks whose replicated copies are not rank 0's.
+    replica_mismatches: Vec<ReplicaMismatch>,
 }
 
 /// Checks the config describes a model this forward implements exactly.
@@ -281,6 +361,7 @@ impl Glm5 {
         }
         let paths = ModelPaths::new()?;
         let per_rank_vocab = ranks[0].embed.dim(0).map_err(at(&paths.embed))?;
+        let replica_mismatches = replica_mismatches(&ranks)?;
         let rope = Rope::new(
             c.qk_rope_head_dim,
             c.rope_theta,
@@ -306,6 +387,7 @@ impl Glm5 {
             device,
             fallbacks,
             simulated_tp: None,
+            replica_mismatches,
         })
     }
 
@@ -327,6 +409,11 @@ impl Glm5 {
     /// The final norm (replicated).
     pub fn norm(&self) -> Option<&RmsNorm> {
         self.ranks.first().map(|r| &r.norm)
+    }
+
+    /// Ranks whose replicated parameters are not rank 0's (the forward runs rank 0's copies).
+    pub fn replica_mismatches(&self) -> &[ReplicaMismatch] {
+        &self.replica_mismatches
     }
 
     /// vLLM parameters a rank dump lacked (taken from the GGUF's cut instead).

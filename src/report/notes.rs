@@ -72,6 +72,16 @@ pub fn tp_note(tp: usize, weights_from: Option<&Path>, missing: &[String]) -> St
     }
 }
 
+/// `forward --tp`: a rank whose replicated parameter is not rank 0's.
+pub fn replica_note(m: &crate::model::ReplicaMismatch) -> String {
+    format!(
+        "rank {}'s {} differs from rank 0's (rel-L2 {:.3e}): vLLM gives every rank its own copy of \
+         this replicated parameter, the simulation runs rank 0's, so rank {} is not simulated \
+         faithfully — `glmcheck shards FILE --against DIR` names which copy is wrong",
+        m.rank, m.module, m.rel_l2, m.rank
+    )
+}
+
 /// What `--dsa` means for this prompt (text and `dsa.message` in --json).
 pub fn dsa_message(d: &DsaNote) -> String {
     let (t, k, new) = (d.tokens, d.index_topk, d.new_tokens);
