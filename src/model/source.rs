@@ -8,14 +8,14 @@
 //! source's rank holds it; [`Params`] converts to the compute dtype.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::rc::Rc;
 
 use candle_core::{DType, Device, Tensor};
 
 use crate::arch::glm_dsa::{self, Idx, Rebuild, Role};
 use crate::arch::Config;
-use crate::dump::{DumpTensor, RankDump};
+use crate::dump::{RankDump, RankFile};
 use crate::plan::ShardPlan;
 use crate::weights::Weights;
 
@@ -87,7 +87,12 @@ pub struct ShardSource<'w, 'a> {
     w: &'w Weights<'a>,
     plan: &'w ShardPlan,
     rank: usize,
-    dump: Option<BTreeMap<String, DumpTensor>>,
+    /// Whether the weights come from a per-rank dump (every parameter it lacks is a fallback).
+    from_dump: bool,
+    /// This rank's file of that dump (None: the dump has no file for this rank), its vLLM-version
+    /// and `state_dict()` aliases resolved to the canonical names as `shards --against` reads it;
+    /// read one parameter at a time.
+    dump: Option<RankFile>,
     missing: Vec<String>,
     cache: Rc<RefCell<UnshardedCache>>,
 }
@@ -124,15 +129,19 @@ impl<'w, 'a> ShardSource<'w, 'a> {
         let cache = Rc::new(RefCell::new(UnshardedCache::default()));
         (0..plan.tp)
             .map(|rank| {
-                let dump = match dump {
-                    Some(d) => Some(d.load_rank(rank)?.unwrap_or_default()),
+                let file = match dump.map(|d| d.open_rank(rank)).transpose()?.flatten() {
+                    Some(mut f) => {
+                        f.resolve_aliases(|n| glm_dsa::canonical_vllm(n, w.config));
+                        Some(f)
+                    }
                     None => None,
                 };
                 Ok(ShardSource {
                     w,
                     plan,
                     rank,
-                    dump,
+                    from_dump: dump.is_some(),
+                    dump: file,
                     missing: Vec::new(),
                     cache: Rc::clone(&cache),
                 })
@@ -155,8 +164,8 @@ impl<'w, 'a> ShardSource<'w, 'a> {
             }
             None => plan.full_shape.clone(),
         };
-        if let Some(dump) = &self.dump {
-            if let Some(t) = dump.get(&vname) {
+        if self.from_dump {
+            if let Some(t) = self.dump.as_ref().and_then(|f| f.get(&vname)) {
                 if t.shape != want {
                     return Err(ModelError::Shape {
                         param: vname,
