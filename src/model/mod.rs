@@ -161,17 +161,22 @@ fn replica_mismatches(ranks: &[RankModel]) -> Result<Vec<ReplicaMismatch>, Model
     let Some((first, rest)) = ranks.split_first() else {
         return Ok(Vec::new());
     };
-    let want = first.replicated();
     let values = |t: &Tensor, m: &str| {
         t.to_dtype(DType::F32)
             .and_then(|t| t.flatten_all())
             .and_then(|t| t.to_vec1::<f32>())
             .map_err(at(m))
     };
+    // Rank 0's copies read back once, not once per other rank.
+    let want = first
+        .replicated()
+        .into_iter()
+        .map(|(m, t)| Ok((values(t, &m)?, m)))
+        .collect::<Result<Vec<_>, ModelError>>()?;
     let mut out = Vec::new();
     for (r, rank) in rest.iter().enumerate() {
-        for ((module, a), (_, b)) in want.iter().zip(rank.replicated()) {
-            let d = crate::compare::diff(&values(b, module)?, &values(a, module)?);
+        for ((a, module), (_, b)) in want.iter().zip(rank.replicated()) {
+            let d = crate::compare::diff(&values(b, module)?, a);
             if (d.rel_l2.is_nan() || d.rel_l2 > REPLICA_REL_L2)
                 && !out
                     .iter()
@@ -298,6 +303,10 @@ impl Glm5 {
     ) -> Result<Self, ModelError> {
         let mut m = Self::from_sources(ShardSource::ranks(w, plan, dump)?, options)?;
         m.simulated_tp = Some(plan.tp);
+        // Only a dump can give ranks different copies (the plan's cut replicates one tensor).
+        if dump.is_some() {
+            m.replica_mismatches = replica_mismatches(&m.ranks)?;
+        }
         // In the plan's (forward) order, whatever order the modules asked for them.
         m.fallbacks
             .sort_by_key(|f| plan.params.iter().position(|p| p.param == *f));
@@ -361,7 +370,6 @@ impl Glm5 {
         }
         let paths = ModelPaths::new()?;
         let per_rank_vocab = ranks[0].embed.dim(0).map_err(at(&paths.embed))?;
-        let replica_mismatches = replica_mismatches(&ranks)?;
         let rope = Rope::new(
             c.qk_rope_head_dim,
             c.rope_theta,
@@ -387,7 +395,7 @@ impl Glm5 {
             device,
             fallbacks,
             simulated_tp: None,
-            replica_mismatches,
+            replica_mismatches: Vec::new(),
         })
     }
 
