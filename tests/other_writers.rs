@@ -277,3 +277,67 @@ fn state_dict_aliases_and_buffers_are_recognized() {
         .to_string()
         .contains("model.layers.{L}.mlp.experts.gate.weight"));
 }
+
+/// `forward --tp 8 --weights-from` vLLM's own dumps, with no reference: compared with the GGUF's
+/// own f32 forward, the bf16 storage (and, for the originals, the GGUF's quantization) is noise
+/// to allow, not a finding — it used to be read as "suspect the token embedding (vocab row
+/// order)". A real corruption of one rank's shard still diverges first where it is.
+#[test]
+fn vllms_dumps_run_as_the_forward_pass_against_the_ggufs_own_forward() {
+    let forward = |stem: &str, dir: &Path| {
+        run(&[
+            "forward",
+            s(&gguf(stem)),
+            "--tokens",
+            common::PROMPT0_IDS,
+            "--tp",
+            "8",
+            "--weights-from",
+            s(dir),
+            "--max-new-tokens",
+            "0",
+            "--json",
+        ])
+    };
+    let originals = vllm_dump("vllm033-tp8-originals");
+    let q4km = vllm_dump("vllm033-tp8-q4km");
+    for (stem, dir, class, says) in [
+        ("tiny-F32", &originals, "BF16", "unquantized (F32) GGUF"),
+        ("tiny-BF16", &originals, "BF16", "unquantized (BF16) GGUF"),
+        ("tiny-Q8_0", &originals, "Q8_0", "cannot be told apart"),
+        (
+            "tiny-Q4_K_M",
+            &originals,
+            "Q4_K",
+            "the unquantized originals",
+        ),
+        (
+            "tiny-Q4_K_M",
+            &q4km,
+            "BF16",
+            "this GGUF's dequantized values",
+        ),
+    ] {
+        let (code, r) = forward(stem, dir);
+        assert_eq!(code, Some(0), "{stem} {dir:?}: {r:#}");
+        assert!(r["first_divergence"].is_null(), "{stem}: {r:#}");
+        let notes = r["notes"].to_string();
+        assert!(notes.contains(says), "{stem}: {notes}");
+        assert!(
+            notes.contains(&format!("tolerances of {class} weights")),
+            "{stem}: {notes}"
+        );
+    }
+    let param = "model.layers.1.mlp.shared_experts.gate_up_proj.weight";
+    let noisy = with_noise(&q4km, param, 3, 0.15);
+    let (code, r) = forward("tiny-Q4_K_M", noisy.path());
+    assert_eq!(code, Some(1), "{r:#}");
+    let first = &r["first_divergence"];
+    assert_eq!(first["layer"], 1, "{first:#}");
+    assert!(
+        first["module"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("model.layers.1.mlp.shared_experts")),
+        "{first:#}"
+    );
+}

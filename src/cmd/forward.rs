@@ -77,7 +77,10 @@ pub struct ForwardArgs {
     pub bench: usize,
     /// Simulate vLLM tensor parallel over N ranks (each rank its column/row-parallel shards,
     /// partial sums all-reduced, vocab-parallel embedding and lm_head gathered). Without
-    /// --reference it is compared with the unsharded forward of the same file.
+    /// --reference it is compared with the unsharded forward of the same file: at same-weights
+    /// bounds for the GGUF's own cut; for --weights-from at the bounds of what separates the
+    /// dump's weights from the GGUF's (their storage dtype, plus the GGUF's quantization when a
+    /// sampled layer shows they are the originals), said in a note.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4096))]
     pub tp: Option<u16>,
     /// With --tp: the ranks' weights from DIR/rank<r>.safetensors (vLLM parameter names, as a
@@ -135,10 +138,12 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     };
     let weights = crate::compare::weight_class(&l.model);
     let mut notes = Vec::new();
+    let dump = rank_dump(a)?;
     // One model: the unsharded one, or `tp` ranks of the same modules (simulated TP).
     let model = match a.tp {
         Some(tp) => {
-            let m = sharded(a, &l, &w, tp as usize, options)?;
+            let plan = l.plan(tp as usize);
+            let m = Glm5::sharded(&w, &plan, dump.as_ref(), options)?;
             notes.push(report::tp_note(
                 m.tp(),
                 a.weights_from.as_deref(),
@@ -149,7 +154,8 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         }
         None => Glm5::load_with(&w, options)?,
     };
-    let truth = truth(a, ref_acts, a.tp.is_some(), &w, options, &ids, weights)?;
+    let truth = truth(a, ref_acts, &l, dump.as_ref(), &w, options, &ids, weights)?;
+    notes.extend(truth.note.clone());
     let spec = ForwardSpec {
         dtype,
         weights,
@@ -264,31 +270,21 @@ fn load_reference(r: &Path, ids: &[u32]) -> anyhow::Result<Activations> {
     Ok(acts)
 }
 
-/// The simulated tp-rank model: the GGUF's cut, or the ranks' weights from --weights-from.
-fn sharded(
-    a: &ForwardArgs,
-    l: &Loaded,
-    w: &Weights<'_>,
-    tp: usize,
-    options: ModelOptions,
-) -> anyhow::Result<Glm5> {
-    let plan = l.plan(tp);
-    let rank_dump = match &a.weights_from {
-        Some(dir) => {
-            let d = RankDump::open(dir)?;
-            if d.tp() != tp {
-                return Err(CmdError::RankCount {
-                    dir: dir.clone(),
-                    ranks: d.tp(),
-                    tp,
-                }
-                .into());
-            }
-            Some(d)
-        }
-        None => None,
+/// --weights-from's rank files, refused when they are not --tp ranks.
+fn rank_dump(a: &ForwardArgs) -> anyhow::Result<Option<RankDump>> {
+    let (Some(dir), Some(tp)) = (&a.weights_from, a.tp) else {
+        return Ok(None);
     };
-    Ok(Glm5::sharded(w, &plan, rank_dump.as_ref(), options)?)
+    let d = RankDump::open(dir)?;
+    if d.tp() != tp as usize {
+        return Err(CmdError::RankCount {
+            dir: dir.clone(),
+            ranks: d.tp(),
+            tp: tp as usize,
+        }
+        .into());
+    }
+    Ok(Some(d))
 }
 
 /// What the run is compared with, and what that truth's weights are (for the tolerances).
@@ -297,14 +293,20 @@ struct Truth {
     /// The weight type whose noise the tolerances allow.
     weights: GgmlType,
     kind: ReferenceWeights,
+    /// What decided the tolerances, when the user could not have known (a rank dump's weights).
+    note: Option<String>,
 }
 
-/// The reference dump if given; with --tp and no reference, the unsharded forward of the same
-/// file (only summation order may then differ: the weight noise is the same on both sides).
+/// The reference: --reference's dump; else, for --tp, the unsharded forward of the same GGUF — held
+/// to the same-weights bounds for the GGUF's own cut, and for --weights-from to the noise that
+/// separates the dump's weights from the GGUF's (its storage dtype; the quantization too when it
+/// holds the originals).
+#[allow(clippy::too_many_arguments)]
 fn truth(
     a: &ForwardArgs,
     reference: Option<Activations>,
-    tp: bool,
+    l: &Loaded,
+    dump: Option<&RankDump>,
     w: &Weights<'_>,
     options: ModelOptions,
     ids: &[u32],
@@ -316,22 +318,36 @@ fn truth(
         (None, Some(r)) => ReferenceWeights::of_dump(r, &a.file, weights),
         (None, None) => ReferenceWeights::Original,
     };
-    if reference.is_some() || !tp {
+    let Some(tp) = a.tp.filter(|_| reference.is_none()) else {
         return Ok(Truth {
             acts: reference,
             weights,
             kind,
+            note: None,
         });
-    }
+    };
     let mut cap = VecCapture::new();
     Glm5::load_with(w, options)?.forward(ids, &mut cap)?;
     let mut acts = Activations::from_capture(&cap, a.prompt.as_deref(), Default::default())?;
     acts.source = report::unsharded_source(&a.file);
-    Ok(Truth {
+    let same = Truth {
         acts: Some(acts),
         weights: GgmlType::F32,
         kind: ReferenceWeights::Same,
-    })
+        note: None,
+    };
+    match (dump, a.tol.reference_weights) {
+        (Some(d), None) => {
+            let dw = crate::shards::dump_weights(w, &l.plan(tp as usize), d, weights)?;
+            Ok(Truth {
+                weights: dw.class(),
+                kind: ReferenceWeights::Original,
+                note: Some(report::dump_weights_note(&dw)),
+                ..same
+            })
+        }
+        _ => Ok(same),
+    }
 }
 
 #[cfg(test)]

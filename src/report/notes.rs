@@ -72,6 +72,36 @@ pub fn tp_note(tp: usize, weights_from: Option<&Path>, missing: &[String]) -> St
     }
 }
 
+/// `forward --weights-from` without --reference: what the dump's weights are, which sets the
+/// tolerances against the GGUF's own forward.
+pub fn dump_weights_note(d: &crate::shards::DumpWeights) -> String {
+    use crate::shards::Relation;
+    let (l, pb) = (d.sampled_layer.unwrap_or(0), &d.provenance);
+    let from = match d.relation() {
+        Relation::Unquantized => format!("the values of this unquantized ({}) GGUF", d.gguf.name),
+        Relation::Indistinct => format!(
+            "this GGUF's values or the originals: their {} rounding is as coarse as the GGUF's {} \
+             quantization, so the two cannot be told apart",
+            d.stored.name, d.gguf.name
+        ),
+        Relation::Dequantized => format!(
+            "this GGUF's dequantized values (layer {l}: {} of {} quantized shards equal them)",
+            pb.equal_to_dequantized, pb.quantized_shards
+        ),
+        Relation::Originals => format!(
+            "not this GGUF's values but, as far as layer {l} shows ({} of {} quantized shards equal \
+             them), the unquantized originals, which differ from it by its {} quantization",
+            pb.equal_to_dequantized, pb.quantized_shards, d.gguf.name
+        ),
+    };
+    format!(
+        "the dump's weights, stored as {}, are {from}: compared with the GGUF's f32 forward at the \
+         tolerances of {} weights",
+        d.stored.name,
+        d.class().name
+    )
+}
+
 /// `forward --tp`: a rank whose replicated parameter is not rank 0's.
 pub fn replica_note(m: &crate::model::ReplicaMismatch) -> String {
     format!(

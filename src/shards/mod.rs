@@ -5,6 +5,7 @@
 mod against;
 mod diagnose;
 mod inject;
+mod provenance;
 mod verify;
 
 pub use against::{
@@ -13,6 +14,7 @@ pub use against::{
 };
 pub use diagnose::Cause;
 pub use inject::{inject, InjectSpec};
+pub use provenance::{dump_weights, DumpWeights, Relation};
 pub use verify::{verify, KvbPart, Problem, ReassemblyCheck, VerifyReport, VerifyRow};
 
 use candle_core::Tensor;
