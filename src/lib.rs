@@ -18,5 +18,6 @@ pub mod outputs;
 pub mod plan;
 pub mod report;
 pub mod shards;
+pub mod synth;
 pub mod tokenizer;
 pub mod weights;

@@ -21,6 +21,7 @@ Examples:
   glmcheck shards fixtures/tiny/tiny-F32.gguf --tp 8 --against /tmp/bad
   glmcheck forward fixtures/tiny/tiny-F32.gguf --prompt 'What is 2+2?'
   glmcheck diff ref.safetensors cand.safetensors
+  glmcheck synth --dims glm5 --layers 3 --qtype q4_k_m --out /scratch/glm5-3l.gguf
   glmcheck completions bash > /etc/bash_completion.d/glmcheck";
 
 #[derive(Parser)]
@@ -58,6 +59,7 @@ enum Command {
     Inject(cmd::inject::InjectArgs),
     Forward(cmd::forward::ForwardArgs),
     Diff(cmd::diff::DiffArgs),
+    Synth(cmd::synth::SynthArgs),
     Completions(cmd::completions::CompletionsArgs),
 }
 
@@ -71,6 +73,7 @@ impl Command {
             Command::Inject(a) => a.inputs(),
             Command::Forward(a) => a.inputs(),
             Command::Diff(a) => a.inputs(),
+            Command::Synth(_) => Vec::new(),
             Command::Completions(_) => Vec::new(),
         }
     }
@@ -90,6 +93,7 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
         Command::Inject(a) => cmd::inject::run(a, &ctx),
         Command::Forward(a) => cmd::forward::run(a, &ctx),
         Command::Diff(a) => cmd::diff::run(a, &ctx),
+        Command::Synth(a) => cmd::synth::run(a, &ctx),
         Command::Completions(a) => cmd::completions::run(a, Cli::command()),
     }
 }

@@ -31,6 +31,41 @@ pub enum WeightError {
     },
 }
 
+/// A routed-expert stack's raw GGUF data: `experts` equal runs of bytes, each one expert's
+/// `expert_shape` (PyTorch order) in `dtype`'s blocks.
+pub struct ExpertBlocks<'a> {
+    pub tensor: String,
+    pub dtype: crate::gguf::GgmlType,
+    pub experts: usize,
+    pub expert_shape: Vec<usize>,
+    pub bytes: &'a [u8],
+    source: crate::gguf::TensorRef<'a>,
+}
+
+impl<'a> ExpertBlocks<'a> {
+    /// Gives the stack's pages back to the page cache once its blocks have been copied to where
+    /// they are used (the process keeps no mapping of a layer it has uploaded).
+    pub fn release(&self) {
+        self.source.release();
+    }
+
+    /// Expert `e`'s bytes (the stack is outermost-expert, so each expert is one run).
+    pub fn expert(&self, e: usize) -> Result<&'a [u8], DequantError> {
+        let per = self.bytes.len() / self.experts.max(1);
+        if per * self.experts != self.bytes.len() || e >= self.experts {
+            return Err(DequantError::Bad {
+                tensor: self.tensor.clone(),
+                reason: format!(
+                    "{} bytes do not split into {} experts (expert {e} asked)",
+                    self.bytes.len(),
+                    self.experts
+                ),
+            });
+        }
+        Ok(&self.bytes[e * per..(e + 1) * per])
+    }
+}
+
 /// Builds logical tensors from a model.
 pub struct Weights<'a> {
     pub model: &'a GgufModel,
@@ -180,6 +215,33 @@ impl<'a> Weights<'a> {
             &glm_dsa::name(s.name, Idx::layer(layer)),
             Some(&shape),
         )
+    }
+
+    /// Layer `layer`'s routed-expert stack of `template` as the GGUF stores it, shape-checked:
+    /// what a model keeps quantized instead of dequantizing [`Self::hf_stacked`].
+    pub fn expert_blocks(
+        &self,
+        template: &str,
+        layer: usize,
+    ) -> Result<ExpertBlocks<'a>, WeightError> {
+        let def = glm_dsa::HF_TABLE
+            .iter()
+            .find(|d| d.hf == template && d.rebuild == Rebuild::ExpertSlice)
+            .ok_or_else(|| WeightError::Unknown(template.into()))?;
+        let param = glm_dsa::name(template, Idx::layer(layer));
+        self.check_idx(&param, def.scope, Idx::layer(layer))?;
+        let s = &def.gguf[0];
+        let shape = glm_dsa::resolve(s.shape, self.config);
+        let tensor = glm_dsa::name(s.name, Idx::layer(layer));
+        let t = self.checked(&param, &tensor, &shape)?;
+        Ok(ExpertBlocks {
+            tensor,
+            dtype: t.info.dtype,
+            experts: shape.first().copied().unwrap_or(0),
+            expert_shape: shape.get(1..).map(<[usize]>::to_vec).unwrap_or_default(),
+            bytes: t.bytes(),
+            source: t,
+        })
     }
 
     /// A vLLM parameter by name (`model.layers.3.self_attn.fused_qkv_a_proj.weight`), unsharded.

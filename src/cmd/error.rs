@@ -29,6 +29,8 @@ pub enum CmdError {
         ranks: usize,
         tp: usize,
     },
+    #[error("{} exists (--force replaces it)", .0.display())]
+    OutputExists(PathBuf),
     #[error("give --prompt TEXT or --tokens IDS")]
     NoPrompt,
     #[error("the prompt gives no tokens")]

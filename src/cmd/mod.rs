@@ -22,6 +22,7 @@ pub mod inject;
 pub mod inspect;
 pub mod output;
 pub mod shards;
+pub mod synth;
 
 use std::path::{Path, PathBuf};
 

@@ -82,6 +82,80 @@ macro_rules! with_block {
     };
 }
 
+/// candle's quantized-tensor type for `t` (what a `QTensor` keeps on a device), for the types
+/// [`supported`] lists.
+pub fn candle_dtype(t: GgmlType) -> Option<candle_core::quantized::GgmlDType> {
+    use candle_core::quantized::GgmlDType as D;
+    Some(match t {
+        GgmlType::F32 => D::F32,
+        GgmlType::F16 => D::F16,
+        GgmlType::BF16 => D::BF16,
+        GgmlType::Q4_0 => D::Q4_0,
+        GgmlType::Q4_1 => D::Q4_1,
+        GgmlType::Q5_0 => D::Q5_0,
+        GgmlType::Q5_1 => D::Q5_1,
+        GgmlType::Q8_0 => D::Q8_0,
+        GgmlType::Q8_1 => D::Q8_1,
+        GgmlType::Q2_K => D::Q2K,
+        GgmlType::Q3_K => D::Q3K,
+        GgmlType::Q4_K => D::Q4K,
+        GgmlType::Q5_K => D::Q5K,
+        GgmlType::Q6_K => D::Q6K,
+        GgmlType::Q8_K => D::Q8K,
+        _ => return None,
+    })
+}
+
+/// Runs `f` on `bytes` checked to be whole `dtype` blocks candle can hold, at an address aligned
+/// for them (candle's block casts panic on a misaligned slice): the map itself when it already is
+/// (GGUF data is 32-byte aligned), else an 8-byte-aligned copy.
+pub fn with_blocks<R>(
+    name: &str,
+    dtype: GgmlType,
+    bytes: &[u8],
+    f: impl FnOnce(&[u8]) -> R,
+) -> Result<R, DequantError> {
+    check(name, dtype, bytes)?;
+    if (bytes.as_ptr() as usize).is_multiple_of(8) {
+        return Ok(f(bytes));
+    }
+    let mut words = vec![0u64; bytes.len().div_ceil(8)];
+    // SAFETY: a u64 buffer viewed as its bytes: u8 has no alignment or validity requirement, and
+    // the view covers only the buffer's own (initialised) memory.
+    let view =
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, words.len() * 8) };
+    view[..bytes.len()].copy_from_slice(bytes);
+    Ok(f(&view[..bytes.len()]))
+}
+
+/// `xs` (a whole number of `dtype` blocks' values) encoded as `dtype`'s blocks by candle's
+/// quantizers (llama.cpp's reference `quantize_row_*`), as the bytes a GGUF stores.
+pub fn quantize(name: &str, dtype: GgmlType, xs: &[f32]) -> Result<Vec<u8>, DequantError> {
+    let bad = |reason: String| DequantError::Bad {
+        tensor: name.to_string(),
+        reason,
+    };
+    if !(xs.len() as u64).is_multiple_of(dtype.block_size.max(1)) {
+        return Err(bad(format!(
+            "{} values are not whole {dtype} blocks of {}",
+            xs.len(),
+            dtype.block_size
+        )));
+    }
+    let out = with_block!(dtype, T => {
+        let mut blocks = vec![T::zeros(); xs.len() / T::BLCK_SIZE];
+        T::from_float(xs, &mut blocks);
+        let n = blocks.len() * std::mem::size_of::<T>();
+        // SAFETY: candle's block types are plain `repr(C)` data (what it reads GGUF bytes into);
+        // viewing them as bytes reads initialised memory only.
+        unsafe { std::slice::from_raw_parts(blocks.as_ptr() as *const u8, n) }.to_vec()
+    });
+    out.ok_or_else(|| DequantError::Unsupported {
+        tensor: name.to_string(),
+        dtype: dtype.name.to_string(),
+    })
+}
+
 /// Types candle decodes.
 pub fn supported(t: GgmlType) -> bool {
     with_block!(t, T => std::mem::size_of::<T>()).is_some()

@@ -57,6 +57,36 @@ pub fn write_gguf<W: Write + Seek>(
     tensors: &[WriteTensor<'_>],
     alignment: u64,
 ) -> io::Result<u64> {
+    let (head, offsets) = header(metadata, tensors, alignment)?;
+    let data_start = head.len() as u64;
+    w.write_all(&head)?;
+    let mut end = data_start;
+    let mut written = data_start;
+    for (t, off) in tensors.iter().zip(offsets) {
+        let at = data_start + off;
+        if let Some(bytes) = t.data {
+            w.seek(SeekFrom::Start(at))?;
+            w.write_all(bytes)?;
+            written = written.max(at + bytes.len() as u64);
+        }
+        end = end.max(at + t.n_bytes());
+    }
+    let total = end.div_ceil(alignment) * alignment;
+    if total > written {
+        // Extend to the final size; what was never written stays a hole (sparse).
+        w.seek(SeekFrom::Start(total - 1))?;
+        w.write_all(&[0])?;
+    }
+    Ok(total)
+}
+
+/// The header (magic, metadata, tensor infos, padding to the data section) and each tensor's offset
+/// within the data section.
+fn header(
+    metadata: &[(String, Value)],
+    tensors: &[WriteTensor<'_>],
+    alignment: u64,
+) -> io::Result<(Vec<u8>, Vec<u64>)> {
     let mut head = Vec::new();
     head.extend_from_slice(b"GGUF");
     head.extend_from_slice(&3u32.to_le_bytes());
@@ -82,25 +112,57 @@ pub fn write_gguf<W: Write + Seek>(
     }
     let data_start = (head.len() as u64).div_ceil(alignment) * alignment;
     head.resize(data_start as usize, 0);
+    Ok((head, offsets))
+}
+
+/// Writes a GGUF front to back (no seeking: a pipe or a plain file), each tensor's bytes produced
+/// by `fill(index, out)` when its turn comes, so a file far larger than memory is written with one
+/// tensor's worth of buffers at most. `fill` must write exactly the tensor's byte size (checked).
+pub fn write_gguf_streamed<W: Write>(
+    w: &mut W,
+    metadata: &[(String, Value)],
+    tensors: &[WriteTensor<'_>],
+    alignment: u64,
+    fill: &mut dyn FnMut(usize, &mut dyn Write) -> io::Result<()>,
+) -> io::Result<u64> {
+    let (head, offsets) = header(metadata, tensors, alignment)?;
     w.write_all(&head)?;
-    let mut end = data_start;
-    let mut written = data_start;
-    for (t, off) in tensors.iter().zip(offsets) {
-        let at = data_start + off;
-        if let Some(bytes) = t.data {
-            w.seek(SeekFrom::Start(at))?;
-            w.write_all(bytes)?;
-            written = written.max(at + bytes.len() as u64);
+    let mut pos = 0u64;
+    for (i, (t, off)) in tensors.iter().zip(offsets).enumerate() {
+        w.write_all(&vec![0u8; (off - pos) as usize])?;
+        let mut counted = Counted { w: &mut *w, n: 0 };
+        fill(i, &mut counted)?;
+        if counted.n != t.n_bytes() {
+            return Err(io::Error::other(format!(
+                "{}: {} bytes written, {} expected",
+                t.name,
+                counted.n,
+                t.n_bytes()
+            )));
         }
-        end = end.max(at + t.n_bytes());
+        pos = off + t.n_bytes();
     }
-    let total = end.div_ceil(alignment) * alignment;
-    if total > written {
-        // Extend to the final size; what was never written stays a hole (sparse).
-        w.seek(SeekFrom::Start(total - 1))?;
-        w.write_all(&[0])?;
+    let total = pos.div_ceil(alignment) * alignment;
+    w.write_all(&vec![0u8; (total - pos) as usize])?;
+    Ok(head.len() as u64 + total)
+}
+
+/// A writer that counts what passes through.
+struct Counted<'w, W: Write + ?Sized> {
+    w: &'w mut W,
+    n: u64,
+}
+
+impl<W: Write + ?Sized> Write for Counted<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let k = self.w.write(buf)?;
+        self.n += k as u64;
+        Ok(k)
     }
-    Ok(total)
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.w.flush()
+    }
 }
 
 /// Convenience: a string-array metadata value.

@@ -19,7 +19,7 @@ use crate::arch::Config;
 pub enum FeedForward {
     /// Layers below `first_k_dense_replace`.
     Dense(Mlp),
-    Moe(Moe),
+    Moe(Box<Moe>),
 }
 
 impl FeedForward {
@@ -65,13 +65,13 @@ impl DecoderLayer {
                 gate,
                 experts,
                 shared,
-            } => FeedForward::Moe(Moe::new(
+            } => FeedForward::Moe(Box::new(Moe::new(
                 c,
                 l,
                 vb,
                 [gate, experts, paths.mlp.module.clone()],
                 shared,
-            )?),
+            )?)),
         };
         Ok(DecoderLayer {
             input_norm: RmsNorm::new(vb.get(Role::InputNorm, li)?, eps),

@@ -2,6 +2,9 @@
 //! shared expert. transformers 5.23 `GlmMoeDsaTopkRouter`, `GlmMoeDsaExperts` (eager),
 //! `GlmMoeDsaMoE`.
 
+use std::sync::Arc;
+
+use candle_core::quantized::QTensor;
 use candle_core::{DType, Result, Tensor, D};
 
 use super::capture::{emit, emit_with, Capture};
@@ -103,15 +106,55 @@ impl Router {
     }
 }
 
+/// One projection of every routed expert.
+#[derive(Debug, Clone)]
+pub enum ExpertStack {
+    /// `[E, out, in]` in the compute dtype.
+    Dense(Tensor),
+    /// The GGUF's blocks as stored, one `[out, in]` quantized tensor per expert on the device,
+    /// dequantized into `dtype` only when the expert has tokens: a layer's experts stay at their
+    /// quantized size.
+    Blocks {
+        experts: Vec<Arc<QTensor>>,
+        dtype: DType,
+    },
+}
+
+impl ExpertStack {
+    pub fn len(&self) -> Result<usize> {
+        match self {
+            ExpertStack::Dense(t) => t.dim(0),
+            ExpertStack::Blocks { experts, .. } => Ok(experts.len()),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len().is_ok_and(|n| n == 0)
+    }
+
+    /// Expert `e`'s weight `[out, in]` in the compute dtype.
+    pub fn expert(&self, e: usize) -> Result<Tensor> {
+        match self {
+            ExpertStack::Dense(t) => t.get(e),
+            ExpertStack::Blocks { experts, dtype } => {
+                let q = experts.get(e).ok_or_else(|| {
+                    candle_core::Error::Msg(format!("expert {e} of {}", experts.len()))
+                })?;
+                q.dequantize(&q.device())?.to_dtype(*dtype)
+            }
+        }
+    }
+}
+
 /// The routed experts, stacked.
 #[derive(Debug, Clone)]
 pub struct Experts {
     /// `[E, moe_inter, hidden]`
-    pub gate: Tensor,
+    pub gate: ExpertStack,
     /// `[E, moe_inter, hidden]`
-    pub up: Tensor,
+    pub up: ExpertStack,
     /// `[E, hidden, moe_inter]`
-    pub down: Tensor,
+    pub down: ExpertStack,
     pub(crate) path: String,
 }
 
@@ -124,9 +167,9 @@ impl Experts {
         path: String,
     ) -> std::result::Result<Self, ModelError> {
         Ok(Experts {
-            gate: vb.get(Role::ExpertGate, Some(l))?,
-            up: vb.get(Role::ExpertUp, Some(l))?,
-            down: vb.get(Role::ExpertDown, Some(l))?,
+            gate: vb.experts(Role::ExpertGate, l)?,
+            up: vb.experts(Role::ExpertUp, l)?,
+            down: vb.experts(Role::ExpertDown, l)?,
             path,
         })
     }
@@ -141,7 +184,7 @@ impl Experts {
     /// `topk(sorted=False)` order, which depends on torch's top-k internals; compare per token.
     pub fn forward(&self, x: &Tensor, r: &Routing, capture: &mut dyn Capture) -> Result<Tensor> {
         let (t, hidden) = x.dims2()?;
-        let n_experts = self.gate.dim(0)?;
+        let n_experts = self.gate.len()?;
         let ids = r.indices.to_vec2::<u32>()?;
         let k = ids.first().map_or(0, Vec::len);
         // per expert: (token, flat index token·k + slot into the weights)
@@ -169,13 +212,13 @@ impl Experts {
             let toks = Tensor::from_vec(toks, n, x.device())?;
             let flat = Tensor::from_vec(flat, n, x.device())?;
             let xs = x.index_select(&toks, 0)?; // [n, hidden]
-            let gate = xs.matmul(&self.gate.get(e)?.t()?)?; // [n, inter]
+            let gate = xs.matmul(&self.gate.expert(e)?.t()?)?; // [n, inter]
             let act = gate.silu()?;
             emit(capture, &nth_call(&act_path, hit), &act)?;
             hit += 1;
-            let up = xs.matmul(&self.up.get(e)?.t()?)?;
-            let y = (act * up)?.matmul(&self.down.get(e)?.t()?)?; // [n, hidden]
-                                                                  // transformers: expert output (dtype) × f32 weight, back to the hidden dtype.
+            let up = xs.matmul(&self.up.expert(e)?.t()?)?;
+            let y = (act * up)?.matmul(&self.down.expert(e)?.t()?)?; // [n, hidden]
+                                                                     // transformers: expert output (dtype) × f32 weight, back to the hidden dtype.
             let w = flat_w.index_select(&flat, 0)?.unsqueeze(1)?; // [n, 1] f32
             let y = y
                 .to_dtype(DType::F32)?

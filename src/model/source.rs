@@ -11,6 +11,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use std::sync::Arc;
+
+use candle_core::quantized::{QStorage, QTensor};
 use candle_core::{DType, Device, Tensor};
 
 use crate::arch::glm_dsa::{self, Idx, Rebuild, Role};
@@ -40,6 +43,16 @@ pub trait WeightSource {
     /// This rank's piece of HF parameter `p` of `layer` in f32 (routed experts: all experts
     /// stacked, `[E, …]`).
     fn param(&mut self, p: Role, layer: Option<usize>) -> Result<Tensor, ModelError>;
+    /// Layer `layer`'s routed experts of `p` as the GGUF's blocks, one quantized tensor per expert on
+    /// this source's device, when this source keeps them so (the unsharded GGUF); None: the model
+    /// takes [`Self::param`]'s f32 stack.
+    fn expert_blocks(
+        &mut self,
+        _p: Role,
+        _layer: usize,
+    ) -> Result<Option<Vec<Arc<QTensor>>>, ModelError> {
+        Ok(None)
+    }
     /// Parameters this source lacked and took from elsewhere (a rank dump's gaps).
     fn fallbacks(&self) -> &[String] {
         &[]
@@ -77,6 +90,40 @@ impl WeightSource for FullSource<'_, '_> {
             (Rebuild::ExpertSlice, Some(l)) => Ok(self.w.hf_stacked(def.hf, l)?),
             _ => Ok(self.w.hf(&p.name(layer)?)?),
         }
+    }
+
+    /// The GGUF's expert blocks as they are: each expert's run of bytes becomes one `QTensor` on
+    /// the device (uploaded as is; dequantized into the compute dtype when the expert is used).
+    fn expert_blocks(
+        &mut self,
+        p: Role,
+        layer: usize,
+    ) -> Result<Option<Vec<Arc<QTensor>>>, ModelError> {
+        let def = p.def()?;
+        if def.rebuild != Rebuild::ExpertSlice {
+            return Ok(None);
+        }
+        let b = self.w.expert_blocks(def.hf, layer)?;
+        let Some(dtype) = crate::gguf::dequant::candle_dtype(b.dtype) else {
+            return Ok(None);
+        };
+        let device = self.w.device.clone();
+        (0..b.experts)
+            .map(|e| {
+                let bytes = b.expert(e).map_err(crate::weights::WeightError::from)?;
+                let q = crate::gguf::dequant::with_blocks(&b.tensor, b.dtype, bytes, |aligned| {
+                    QStorage::from_data(std::borrow::Cow::Borrowed(aligned), &device, dtype)
+                        .and_then(|s| QTensor::new(s, b.expert_shape.as_slice()))
+                })
+                .map_err(crate::weights::WeightError::from)?
+                .map_err(candle(format!("{} expert {e}", b.tensor)))?;
+                Ok(Arc::new(q))
+            })
+            .collect::<Result<Vec<_>, ModelError>>()
+            .map(|q| {
+                b.release();
+                Some(q)
+            })
     }
 }
 
@@ -288,6 +335,19 @@ impl<S: WeightSource + ?Sized> Params<'_, S> {
             .map_err(candle(module_of(p, layer)))
     }
 
+    /// Layer `l`'s routed experts of `p`: the source's quantized blocks when it keeps them (each
+    /// expert dequantized into the compute dtype when used), else the f32 stack in the compute
+    /// dtype.
+    pub fn experts(&mut self, p: Role, l: usize) -> Result<super::moe::ExpertStack, ModelError> {
+        Ok(match self.src.expert_blocks(p, l)? {
+            Some(experts) => super::moe::ExpertStack::Blocks {
+                experts,
+                dtype: self.dtype,
+            },
+            None => super::moe::ExpertStack::Dense(self.get(p, Some(l))?),
+        })
+    }
+
     pub fn linear(&mut self, p: Role, layer: Option<usize>) -> Result<super::Linear, ModelError> {
         Ok(super::Linear::new(self.get(p, layer)?))
     }
@@ -362,6 +422,41 @@ mod tests {
                 .expect("norm")
                 .sqrt();
         assert!(rel < 1e-5, "rel-L2 {rel}");
+    }
+
+    /// The unsharded GGUF source keeps routed experts as the file's blocks; each expert dequantized
+    /// on use is exactly the dequantized stack's slice, in every GGUF type the fixtures hold.
+    #[test]
+    fn expert_blocks_dequantize_to_the_stack_they_replace() {
+        for stem in ["tiny-Q4_K_M", "tiny-Q8_0", "tiny-BF16", "tiny-F32"] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("fixtures/tiny/{stem}.gguf"));
+            let m = GgufModel::open(&path).expect("fixture");
+            let c = ConfigReader::read(&m, "glm-dsa").expect("config").config;
+            let w = Weights::new(&m, &c, Device::Cpu);
+            let mut src = FullSource { w: &w };
+            let l = c.first_k_dense_replace;
+            for role in [Role::ExpertGate, Role::ExpertUp, Role::ExpertDown] {
+                let blocks = src
+                    .expert_blocks(role, l)
+                    .expect("blocks")
+                    .expect("kept quantized");
+                let stack = src.param(role, Some(l)).expect("stack");
+                assert_eq!(blocks.len(), c.n_routed_experts, "{stem}");
+                for (e, q) in blocks.iter().enumerate() {
+                    let got = q.dequantize(&Device::Cpu).expect("dequantize");
+                    let want = stack.get(e).expect("expert");
+                    let diff = (&got - &want)
+                        .and_then(|d| d.abs())
+                        .and_then(|d| d.max_all())
+                        .and_then(|d| d.to_scalar::<f32>())
+                        .expect("diff");
+                    assert_eq!(diff, 0.0, "{stem} {role:?} expert {e}");
+                }
+            }
+            // Not an expert stack: the source hands out f32 instead.
+            assert!(src.expert_blocks(Role::Router, l).expect("ok").is_none());
+        }
     }
 
     #[test]

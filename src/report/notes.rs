@@ -185,6 +185,27 @@ pub fn fault_list_help() -> String {
     lines.join("\n")
 }
 
+/// `synth`'s text: what was written.
+pub fn synth_text(r: &crate::synth::SynthReport, out: &Path) -> String {
+    let types: Vec<String> = r.types.iter().map(|(t, n)| format!("{n} {t}")).collect();
+    format!(
+        "wrote {} ({:.2} GB): {} random-weight layers ({} dense, {} MoE) at {} dimensions, {} \
+         tensors ({}), seed {}\n",
+        out.display(),
+        r.bytes as f64 / 1e9,
+        r.layers,
+        r.dense_layers,
+        r.layers - r.dense_layers,
+        match r.dims {
+            crate::synth::Dims::Glm5 => "GLM-5's",
+            crate::synth::Dims::Tiny => "the tiny fixtures'",
+        },
+        r.tensors,
+        types.join(", "),
+        r.seed
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
