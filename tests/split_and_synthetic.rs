@@ -208,3 +208,42 @@ fn a_block_count_that_overstates_the_file_is_one_problem_per_run_of_layers() {
     );
     assert_eq!(problems[0]["kind"], "missing");
 }
+
+/// `synth` writes a file the other commands take as GLM-5 (tiny dims here: the real ones are timed on
+/// the GPU, reports/gpu-glm5.md), and never replaces an existing file unless told to.
+#[test]
+fn a_synth_file_inspects_clean_and_runs_and_an_existing_output_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("synth.gguf");
+    let o = out.to_str().unwrap();
+    let w = glmcheck_bounded(&[
+        "synth", "--dims", "tiny", "--layers", "4", "--out", o, "--json",
+    ]);
+    assert_eq!(w.status.code(), Some(0), "{}", stderr(&w));
+    let r: serde_json::Value = serde_json::from_slice(&w.stdout).unwrap();
+    assert_eq!(
+        (r["layers"].as_u64(), r["dense_layers"].as_u64()),
+        (Some(4), Some(1))
+    );
+    let (code, inspect, err) = inspect_json(&out);
+    assert_eq!(code, Some(0), "{err} {}", inspect["problems"]);
+    assert_eq!(inspect["config"]["num_hidden_layers"], 4);
+    let f = glmcheck_bounded(&[
+        "forward",
+        o,
+        "--prompt",
+        "hello there",
+        "--max-new-tokens",
+        "2",
+    ]);
+    assert_eq!(f.status.code(), Some(0), "{}", stderr(&f));
+    let before = std::fs::read(&out).unwrap();
+    let again = glmcheck_bounded(&["synth", "--dims", "tiny", "--seed", "9", "--out", o]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(stderr(&again).contains("--force"), "{}", stderr(&again));
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        before,
+        "the existing file was touched"
+    );
+}
