@@ -200,8 +200,13 @@ impl<'a> Weights<'a> {
         Ok(t)
     }
 
-    /// All experts of one per-expert HF template stacked: [E, …], straight from the GGUF tensor.
-    pub fn hf_stacked(&self, template: &str, layer: usize) -> Result<Tensor, WeightError> {
+    /// The GGUF tensor holding layer `layer`'s stack of per-expert HF template `template`: the
+    /// parameter's name, the tensor's name and its expected `[E, …]` shape.
+    fn expert_stack(
+        &self,
+        template: &str,
+        layer: usize,
+    ) -> Result<(String, String, Vec<usize>), WeightError> {
         let def = glm_dsa::HF_TABLE
             .iter()
             .find(|d| d.hf == template && d.rebuild == Rebuild::ExpertSlice)
@@ -210,11 +215,13 @@ impl<'a> Weights<'a> {
         self.check_idx(&param, def.scope, Idx::layer(layer))?;
         let s = &def.gguf[0];
         let shape = glm_dsa::resolve(s.shape, self.config);
-        self.gguf_tensor(
-            &param,
-            &glm_dsa::name(s.name, Idx::layer(layer)),
-            Some(&shape),
-        )
+        Ok((param, glm_dsa::name(s.name, Idx::layer(layer)), shape))
+    }
+
+    /// All experts of one per-expert HF template stacked: [E, …], straight from the GGUF tensor.
+    pub fn hf_stacked(&self, template: &str, layer: usize) -> Result<Tensor, WeightError> {
+        let (param, tensor, shape) = self.expert_stack(template, layer)?;
+        self.gguf_tensor(&param, &tensor, Some(&shape))
     }
 
     /// Layer `layer`'s routed-expert stack of `template` as the GGUF stores it, shape-checked:
@@ -224,15 +231,7 @@ impl<'a> Weights<'a> {
         template: &str,
         layer: usize,
     ) -> Result<ExpertBlocks<'a>, WeightError> {
-        let def = glm_dsa::HF_TABLE
-            .iter()
-            .find(|d| d.hf == template && d.rebuild == Rebuild::ExpertSlice)
-            .ok_or_else(|| WeightError::Unknown(template.into()))?;
-        let param = glm_dsa::name(template, Idx::layer(layer));
-        self.check_idx(&param, def.scope, Idx::layer(layer))?;
-        let s = &def.gguf[0];
-        let shape = glm_dsa::resolve(s.shape, self.config);
-        let tensor = glm_dsa::name(s.name, Idx::layer(layer));
+        let (param, tensor, shape) = self.expert_stack(template, layer)?;
         let t = self.checked(&param, &tensor, &shape)?;
         Ok(ExpertBlocks {
             tensor,
