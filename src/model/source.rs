@@ -104,7 +104,10 @@ impl WeightSource for FullSource<'_, '_> {
             return Ok(None);
         }
         let b = self.w.expert_blocks(def.hf, layer)?;
-        let Some(dtype) = crate::gguf::dequant::candle_dtype(b.dtype) else {
+        // Float stacks (F32/F16/BF16) gain nothing from staying as blocks, and candle dequantizes
+        // those (and Q8_1) on the host from a GPU copy: they are handed out as a dense stack.
+        let quantized = b.dtype.noise_bits() < 16 && b.dtype != crate::gguf::GgmlType::Q8_1;
+        let Some(dtype) = crate::gguf::dequant::candle_dtype(b.dtype).filter(|_| quantized) else {
             return Ok(None);
         };
         let device = self.w.device.clone();
@@ -424,11 +427,11 @@ mod tests {
         assert!(rel < 1e-5, "rel-L2 {rel}");
     }
 
-    /// The unsharded GGUF source keeps routed experts as the file's blocks; each expert dequantized
-    /// on use is exactly the dequantized stack's slice, in every GGUF type the fixtures hold.
+    /// The unsharded GGUF source keeps quantized routed experts as the file's blocks; each expert
+    /// dequantized on use is exactly the dequantized stack's slice. Float stacks stay dense.
     #[test]
     fn expert_blocks_dequantize_to_the_stack_they_replace() {
-        for stem in ["tiny-Q4_K_M", "tiny-Q8_0", "tiny-BF16", "tiny-F32"] {
+        for stem in ["tiny-Q4_K_M", "tiny-Q8_0"] {
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join(format!("fixtures/tiny/{stem}.gguf"));
             let m = GgufModel::open(&path).expect("fixture");
@@ -456,6 +459,21 @@ mod tests {
             }
             // Not an expert stack: the source hands out f32 instead.
             assert!(src.expert_blocks(Role::Router, l).expect("ok").is_none());
+        }
+        for stem in ["tiny-BF16", "tiny-F32"] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("fixtures/tiny/{stem}.gguf"));
+            let m = GgufModel::open(&path).expect("fixture");
+            let c = ConfigReader::read(&m, "glm-dsa").expect("config").config;
+            let w = Weights::new(&m, &c, Device::Cpu);
+            let mut src = FullSource { w: &w };
+            let l = c.first_k_dense_replace;
+            assert!(
+                src.expert_blocks(Role::ExpertGate, l)
+                    .expect("ok")
+                    .is_none(),
+                "{stem}"
+            );
         }
     }
 
