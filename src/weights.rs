@@ -31,14 +31,13 @@ pub enum WeightError {
     },
 }
 
-/// A routed-expert stack's raw GGUF data: `experts` equal runs of bytes, each one expert's
+/// A routed-expert stack's GGUF tensor: `experts` equal runs of bytes, each one expert's
 /// `expert_shape` (PyTorch order) in `dtype`'s blocks.
 pub struct ExpertBlocks<'a> {
     pub tensor: String,
     pub dtype: crate::gguf::GgmlType,
     pub experts: usize,
     pub expert_shape: Vec<usize>,
-    pub bytes: &'a [u8],
     source: crate::gguf::TensorRef<'a>,
 }
 
@@ -51,18 +50,19 @@ impl<'a> ExpertBlocks<'a> {
 
     /// Expert `e`'s bytes (the stack is outermost-expert, so each expert is one run).
     pub fn expert(&self, e: usize) -> Result<&'a [u8], DequantError> {
-        let per = self.bytes.len() / self.experts.max(1);
-        if per * self.experts != self.bytes.len() || e >= self.experts {
+        let bytes = self.source.bytes();
+        let per = bytes.len() / self.experts.max(1);
+        if per * self.experts != bytes.len() || e >= self.experts {
             return Err(DequantError::Bad {
                 tensor: self.tensor.clone(),
                 reason: format!(
                     "{} bytes do not split into {} experts (expert {e} asked)",
-                    self.bytes.len(),
+                    bytes.len(),
                     self.experts
                 ),
             });
         }
-        Ok(&self.bytes[e * per..(e + 1) * per])
+        Ok(&bytes[e * per..(e + 1) * per])
     }
 }
 
@@ -238,7 +238,6 @@ impl<'a> Weights<'a> {
             dtype: t.info.dtype,
             experts: shape.first().copied().unwrap_or(0),
             expert_shape: shape.get(1..).map(<[usize]>::to_vec).unwrap_or_default(),
-            bytes: t.bytes(),
             source: t,
         })
     }

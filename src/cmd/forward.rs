@@ -13,6 +13,7 @@ use crate::dump::RankDump;
 use crate::forward::{self as fwd, ForwardSpec};
 use crate::gguf::{GgmlType, GgufModel};
 use crate::model::{Glm5, ModelOptions, VecCapture};
+use crate::plan::ShardPlan;
 use crate::report;
 use crate::tokenizer::GgufTokenizer;
 use crate::weights::Weights;
@@ -139,11 +140,11 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     let weights = crate::compare::weight_class(&l.model);
     let mut notes = Vec::new();
     let dump = rank_dump(a)?;
+    let plan = a.tp.map(|tp| l.plan(tp as usize));
     // One model: the unsharded one, or `tp` ranks of the same modules (simulated TP).
-    let model = match a.tp {
-        Some(tp) => {
-            let plan = l.plan(tp as usize);
-            let m = Glm5::sharded(&w, &plan, dump.as_ref(), options)?;
+    let model = match &plan {
+        Some(plan) => {
+            let m = Glm5::sharded(&w, plan, dump.as_ref(), options)?;
             notes.push(report::tp_note(
                 m.tp(),
                 a.weights_from.as_deref(),
@@ -154,7 +155,16 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         }
         None => Glm5::load_with(&w, options)?,
     };
-    let truth = truth(a, ref_acts, &l, dump.as_ref(), &w, options, &ids, weights)?;
+    let truth = truth(
+        a,
+        ref_acts,
+        plan.as_ref(),
+        dump.as_ref(),
+        &w,
+        options,
+        &ids,
+        weights,
+    )?;
     notes.extend(truth.note.clone());
     let spec = ForwardSpec {
         dtype,
@@ -305,7 +315,7 @@ struct Truth {
 fn truth(
     a: &ForwardArgs,
     reference: Option<Activations>,
-    l: &Loaded,
+    plan: Option<&ShardPlan>,
     dump: Option<&RankDump>,
     w: &Weights<'_>,
     options: ModelOptions,
@@ -318,7 +328,7 @@ fn truth(
         (None, Some(r)) => ReferenceWeights::of_dump(r, &a.file, weights),
         (None, None) => ReferenceWeights::Original,
     };
-    let Some(tp) = a.tp.filter(|_| reference.is_none()) else {
+    let Some(plan) = plan.filter(|_| reference.is_none()) else {
         return Ok(Truth {
             acts: reference,
             weights,
@@ -338,7 +348,7 @@ fn truth(
     };
     match (dump, a.tol.reference_weights) {
         (Some(d), None) => {
-            let dw = crate::shards::dump_weights(w, &l.plan(tp as usize), d, weights)?;
+            let dw = crate::shards::dump_weights(w, plan, d, weights)?;
             Ok(Truth {
                 weights: dw.class(),
                 kind: ReferenceWeights::Original,

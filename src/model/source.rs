@@ -374,10 +374,7 @@ mod tests {
 
     #[test]
     fn plain_and_tensor_parallel_are_the_same_modules_from_two_sources() {
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny/tiny-F32.gguf");
-        let m = GgufModel::open(&path).expect("fixture");
-        let c = ConfigReader::read(&m, "glm-dsa").expect("config").config;
+        let (m, c) = fixture("tiny-F32");
         let w = Weights::new(&m, &c, Device::Cpu);
         let plain = build(vec![FullSource { w: &w }]);
         let plan = ShardPlan::new(&m, &c, 2);
@@ -427,15 +424,21 @@ mod tests {
         assert!(rel < 1e-5, "rel-L2 {rel}");
     }
 
+    /// A fixture GGUF and its config.
+    fn fixture(stem: &str) -> (GgufModel, Config) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("fixtures/tiny/{stem}.gguf"));
+        let m = GgufModel::open(&path).expect("fixture");
+        let c = ConfigReader::read(&m, "glm-dsa").expect("config").config;
+        (m, c)
+    }
+
     /// The unsharded GGUF source keeps quantized routed experts as the file's blocks; each expert
     /// dequantized on use is exactly the dequantized stack's slice. Float stacks stay dense.
     #[test]
     fn expert_blocks_dequantize_to_the_stack_they_replace() {
         for stem in ["tiny-Q4_K_M", "tiny-Q8_0"] {
-            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join(format!("fixtures/tiny/{stem}.gguf"));
-            let m = GgufModel::open(&path).expect("fixture");
-            let c = ConfigReader::read(&m, "glm-dsa").expect("config").config;
+            let (m, c) = fixture(stem);
             let w = Weights::new(&m, &c, Device::Cpu);
             let mut src = FullSource { w: &w };
             let l = c.first_k_dense_replace;
@@ -461,10 +464,7 @@ mod tests {
             assert!(src.expert_blocks(Role::Router, l).expect("ok").is_none());
         }
         for stem in ["tiny-BF16", "tiny-F32"] {
-            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join(format!("fixtures/tiny/{stem}.gguf"));
-            let m = GgufModel::open(&path).expect("fixture");
-            let c = ConfigReader::read(&m, "glm-dsa").expect("config").config;
+            let (m, c) = fixture(stem);
             let w = Weights::new(&m, &c, Device::Cpu);
             let mut src = FullSource { w: &w };
             let l = c.first_k_dense_replace;
@@ -479,10 +479,7 @@ mod tests {
 
     #[test]
     fn a_source_for_the_wrong_rank_is_refused() {
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny/tiny-F32.gguf");
-        let m = GgufModel::open(&path).expect("fixture");
-        let c = ConfigReader::read(&m, "glm-dsa").expect("config").config;
+        let (m, c) = fixture("tiny-F32");
         let w = Weights::new(&m, &c, Device::Cpu);
         let plan = ShardPlan::new(&m, &c, 2);
         let mut sources = ShardSource::ranks(&w, &plan, None).expect("sources");

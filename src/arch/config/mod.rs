@@ -79,6 +79,36 @@ impl Config {
         }
     }
 
+    /// The fixtures' tiny model (tools/make_fixtures.py), three layers, one dense.
+    pub fn tiny() -> Self {
+        Config {
+            hidden_size: 256,
+            num_hidden_layers: 3,
+            num_attention_heads: 8,
+            num_key_value_heads: 8,
+            q_lora_rank: 128,
+            kv_lora_rank: 128,
+            qk_nope_head_dim: 64,
+            qk_rope_head_dim: 32,
+            v_head_dim: 64,
+            n_routed_experts: 8,
+            num_experts_per_tok: 3,
+            n_shared_experts: 1,
+            n_group: 4,
+            topk_group: 2,
+            moe_intermediate_size: 128,
+            intermediate_size: 512,
+            first_k_dense_replace: 1,
+            index_n_heads: 4,
+            index_head_dim: 64,
+            index_topk: 8,
+            vocab_size: 600,
+            max_position_embeddings: 2048,
+            num_nextn_predict_layers: 0,
+            ..Config::glm5()
+        }
+    }
+
     pub fn qk_head_dim(&self) -> usize {
         self.qk_nope_head_dim + self.qk_rope_head_dim
     }
