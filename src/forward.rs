@@ -104,6 +104,8 @@ pub struct ForwardOutcome {
     pub token_texts: Option<Vec<String>>,
     pub dtype: ComputeDtype,
     pub weights: GgmlType,
+    /// How quantized weights were multiplied (`dequant` or `q8`).
+    pub matmul: crate::model::MatmulMode,
     pub dsa: DsaNote,
     /// Next-token candidates after the last prompt token.
     pub top: Vec<TopToken>,
@@ -314,6 +316,7 @@ pub fn run(
         token_texts,
         dtype: spec.dtype,
         weights: spec.weights,
+        matmul: model.options().matmul,
         dsa: dsa_note(model, tokens.len(), spec.max_new_tokens),
         top,
         entropy,

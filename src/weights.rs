@@ -48,6 +48,11 @@ impl<'a> ExpertBlocks<'a> {
         self.source.release();
     }
 
+    /// The whole stack's bytes, expert after expert.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.source.bytes()
+    }
+
     /// Expert `e`'s bytes (the stack is outermost-expert, so each expert is one run).
     pub fn expert(&self, e: usize) -> Result<&'a [u8], DequantError> {
         let bytes = self.source.bytes();
@@ -240,6 +245,22 @@ impl<'a> Weights<'a> {
             expert_shape: shape.get(1..).map(<[usize]>::to_vec).unwrap_or_default(),
             source: t,
         })
+    }
+
+    /// The GGUF tensor that stores HF parameter `param` as it is (no rebuild, no transpose: its
+    /// bytes are the parameter's rows in order), shape-checked; None for a rebuilt parameter.
+    /// What a model keeps quantized instead of dequantizing [`Self::hf`].
+    pub fn direct(&self, param: &str) -> Result<Option<crate::gguf::TensorRef<'a>>, WeightError> {
+        let (def, idx) =
+            glm_dsa::lookup_hf(param).ok_or_else(|| WeightError::Unknown(param.into()))?;
+        self.check_idx(param, def.scope, idx)?;
+        if def.rebuild != Rebuild::Direct {
+            return Ok(None);
+        }
+        let s = &def.gguf[0];
+        let shape = glm_dsa::resolve(s.shape, self.config);
+        self.checked(param, &glm_dsa::name(s.name, idx), &shape)
+            .map(Some)
     }
 
     /// A vLLM parameter by name (`model.layers.3.self_attn.fused_qkv_a_proj.weight`), unsharded.

@@ -81,6 +81,7 @@ fn load(stem: &str, dtype: ComputeDtype, dsa: DsaMode) -> (Glm5, glmcheck::gguf:
         ModelOptions {
             dtype: dtype.candle(),
             dsa,
+            ..ModelOptions::default()
         },
     )
     .expect("load");

@@ -741,6 +741,7 @@ fn bf16_compute_stays_close_to_transformers_f32() {
     let model = load_model(ModelOptions {
         dtype: DType::BF16,
         dsa: DsaMode::Sparse,
+        ..ModelOptions::default()
     });
     let k = model.config().index_topk;
     let v = model.config().vocab_size;

@@ -6,7 +6,7 @@ use clap::ValueEnum;
 
 use crate::arch::glm_dsa::VllmNames;
 use crate::compare::{ComputeDtype, ReferenceWeights, Tolerances};
-use crate::model::DsaMode;
+use crate::model::{DsaMode, MatmulMode};
 use crate::shards::Provenance;
 
 // No doc comments on the variants below: clap would list them in --help as value descriptions.
@@ -23,6 +23,22 @@ impl From<DsaArg> for DsaMode {
         match a {
             DsaArg::Sparse => DsaMode::Sparse,
             DsaArg::Dense => DsaMode::Dense,
+        }
+    }
+}
+
+/// `forward --matmul`: how weights kept as quantized blocks are multiplied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MatmulArg {
+    Dequant,
+    Q8,
+}
+
+impl From<MatmulArg> for MatmulMode {
+    fn from(a: MatmulArg) -> Self {
+        match a {
+            MatmulArg::Dequant => MatmulMode::Dequant,
+            MatmulArg::Q8 => MatmulMode::Q8,
         }
     }
 }

@@ -5,14 +5,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use super::args::{DeviceArg, DsaArg, ForwardDtype, TolFlags};
+use super::args::{DeviceArg, DsaArg, ForwardDtype, MatmulArg, TolFlags};
 use super::output::emit_hf;
 use super::{hf_config_check, open, CmdError, Ctx, Loaded, Outcome};
 use crate::compare::{Activations, ComputeDtype, ReferenceWeights, Tolerances};
 use crate::dump::RankDump;
 use crate::forward::{self as fwd, ForwardSpec};
 use crate::gguf::{GgmlType, GgufModel};
-use crate::model::{Glm5, ModelOptions, VecCapture};
+use crate::model::{Glm5, MatmulMode, ModelOptions, VecCapture};
 use crate::plan::ShardPlan;
 use crate::report;
 use crate::tokenizer::GgufTokenizer;
@@ -69,6 +69,13 @@ pub struct ForwardArgs {
     /// Compute dtype.
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: ForwardDtype,
+    /// How the GGUF's quantized weights (kept as blocks, on the device) are multiplied:
+    /// dequant (decoded into the compute dtype right before each GEMM: equal to a reference from
+    /// the same dequantized weights) or q8 (candle's llama.cpp-derived kernels, activations
+    /// quantized to 8 bits as llama.cpp and vLLM's GGUF kernels compute; compared at
+    /// other-engine bounds). Simulated --tp always dequantizes.
+    #[arg(long, value_enum, default_value = "dequant", conflicts_with = "tp")]
+    pub matmul: MatmulArg,
     /// Tokens of greedy continuation (the full forward is recomputed per token).
     #[arg(long, default_value_t = 8)]
     pub max_new_tokens: usize,
@@ -136,6 +143,7 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     let options = ModelOptions {
         dtype: dtype.candle(),
         dsa: a.dsa.into(),
+        matmul: a.matmul.into(),
     };
     let weights = crate::compare::weight_class(&l.model);
     let mut notes = Vec::new();
@@ -173,10 +181,11 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         top: 5,
         gguf: a.file.display().to_string(),
         prompt: a.prompt.clone(),
-        tolerances: Some(
-            a.tol
-                .apply(Tolerances::for_reference(dtype, truth.weights, truth.kind)),
-        ),
+        tolerances: Some(a.tol.apply(Tolerances::for_reference(
+            dtype,
+            truth.weights,
+            kernel_kind(truth.kind, options.matmul),
+        ))),
         bench: a.bench,
         index_topk: l.cfg.index_topk,
     };
@@ -214,6 +223,15 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         Outcome::Finding
     };
     Ok(o.with_hf(hf.as_ref()))
+}
+
+/// q8 kernels against a reference from the same weights are another engine's kernels on the
+/// same GGUF (their 8-bit activations are noise the reference does not have).
+fn kernel_kind(kind: ReferenceWeights, matmul: MatmulMode) -> ReferenceWeights {
+    match (kind, matmul) {
+        (ReferenceWeights::Same, MatmulMode::Q8) => ReferenceWeights::SameGguf,
+        (k, _) => k,
+    }
 }
 
 /// The GGUF's tokenizer: required for --prompt; without one, --tokens runs with a warning.

@@ -5,8 +5,9 @@ use candle_core::{DType, Result, Tensor};
 
 use super::capture::{emit, emit_with, Capture};
 use super::indexer::Indexer;
+use super::linear::Linear;
 use super::names::{conv, sub, AttnPaths};
-use super::ops::{additive, one_hot_rows, CausalMask, Linear, RmsNorm, Rope, RopeTables};
+use super::ops::{additive, one_hot_rows, CausalMask, RmsNorm, Rope, RopeTables};
 use super::source::{Params, WeightSource};
 use super::{DsaMode, ModelError};
 use crate::arch::glm_dsa::Role;

@@ -4,8 +4,9 @@
 use candle_core::{DType, Result, Tensor};
 
 use super::capture::{emit, emit_with, Capture};
+use super::linear::Linear;
 use super::names::{conv, sub, IndexerPaths};
-use super::ops::{topk_indices, CausalMask, LayerNorm, Linear, Rope, RopeTables};
+use super::ops::{topk_indices, CausalMask, LayerNorm, Rope, RopeTables};
 use super::source::{Params, WeightSource};
 use super::ModelError;
 use crate::arch::glm_dsa::Role;

@@ -4,8 +4,8 @@
 use candle_core::{Result, Tensor};
 
 use super::capture::{emit, Capture};
+use super::linear::Linear;
 use super::names::SwiGluPaths;
-use super::ops::Linear;
 use super::source::{Params, WeightSource};
 use super::ModelError;
 use crate::arch::glm_dsa::Role;

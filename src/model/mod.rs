@@ -15,6 +15,7 @@ pub mod attention;
 pub mod capture;
 pub mod indexer;
 pub mod layer;
+pub mod linear;
 pub mod mlp;
 pub mod moe;
 pub(crate) mod names;
@@ -31,9 +32,10 @@ pub use attention::{AttnOut, Mla};
 pub use capture::{Capture, NoCapture, VecCapture};
 pub use indexer::Indexer;
 pub use layer::{DecoderLayer, FeedForward};
+pub use linear::{Linear, MatmulMode, Weight};
 pub use mlp::Mlp;
 pub use moe::{Experts, Moe, Router, Routing};
-pub use ops::{LayerNorm, Linear, RmsNorm, Rope, RopeLayout};
+pub use ops::{LayerNorm, RmsNorm, Rope, RopeLayout};
 
 use crate::arch::glm_dsa::Role;
 use crate::dump::RankDump;
@@ -99,6 +101,8 @@ pub struct ModelOptions {
     /// Compute dtype: F32, BF16 or F16.
     pub dtype: DType,
     pub dsa: DsaMode,
+    /// How weights kept as quantized blocks are multiplied.
+    pub matmul: MatmulMode,
 }
 
 impl Default for ModelOptions {
@@ -106,6 +110,7 @@ impl Default for ModelOptions {
         ModelOptions {
             dtype: DType::F32,
             dsa: DsaMode::Sparse,
+            matmul: MatmulMode::Dequant,
         }
     }
 }
@@ -127,32 +132,38 @@ const REPLICA_REL_L2: f64 = 2e-2;
 
 impl RankModel {
     /// The replicated parameters of this rank, keyed by HF module path.
-    fn replicated(&self) -> Vec<(String, &Tensor)> {
-        let mut v: Vec<(String, &Tensor)> = Vec::new();
+    fn replicated(&self) -> Result<Vec<(String, Tensor)>, ModelError> {
+        let mut v: Vec<(String, Tensor)> = Vec::new();
+        let mut push = |m: &String, t: &Tensor| v.push((m.clone(), t.clone()));
+        let mut v_lin: Vec<(String, &Weight)> = Vec::new();
         for l in &self.layers {
             let (p, a, i) = (&l.paths, &l.attn, &l.attn.indexer);
             let ip = &p.attn.indexer;
-            v.push((p.input_norm.clone(), &l.input_norm.weight));
-            v.push((p.post_norm.clone(), &l.post_norm.weight));
-            v.push((p.attn.q_a.clone(), &a.q_a.weight));
-            v.push((p.attn.q_a_norm.clone(), &a.q_a_norm.weight));
-            v.push((p.attn.kv_a.clone(), &a.kv_a.weight));
-            v.push((p.attn.kv_a_norm.clone(), &a.kv_a_norm.weight));
-            v.push((ip.wq_b.clone(), &i.wq_b.weight));
-            v.push((ip.wk.clone(), &i.wk.weight));
-            v.push((ip.k_norm.clone(), &i.k_norm.weight));
-            v.push((ip.k_norm.clone(), &i.k_norm.bias));
-            v.push((ip.weights_proj.clone(), &i.weights_proj.weight));
+            push(&p.input_norm, &l.input_norm.weight);
+            push(&p.post_norm, &l.post_norm.weight);
+            v_lin.push((p.attn.q_a.clone(), &a.q_a.weight));
+            push(&p.attn.q_a_norm, &a.q_a_norm.weight);
+            v_lin.push((p.attn.kv_a.clone(), &a.kv_a.weight));
+            push(&p.attn.kv_a_norm, &a.kv_a_norm.weight);
+            v_lin.push((ip.wq_b.clone(), &i.wq_b.weight));
+            v_lin.push((ip.wk.clone(), &i.wk.weight));
+            push(&ip.k_norm, &i.k_norm.weight);
+            push(&ip.k_norm, &i.k_norm.bias);
+            v_lin.push((ip.weights_proj.clone(), &i.weights_proj.weight));
             if let FeedForward::Moe(m) = &l.ffn {
-                v.push((m.router.path.clone(), &m.router.weight.weight));
-                v.push((m.router.path.clone(), &m.router.bias));
+                v_lin.push((m.router.path.clone(), &m.router.weight.weight));
+                push(&m.router.path, &m.router.bias);
             }
         }
-        v.push((
-            Role::FinalNorm.module(None).unwrap_or_default(),
+        push(
+            &Role::FinalNorm.module(None).unwrap_or_default(),
             &self.norm.weight,
-        ));
-        v
+        );
+        for (m, w) in v_lin {
+            let t = w.dense().map_err(at(&m))?;
+            v.push((m, t));
+        }
+        Ok(v)
     }
 }
 
@@ -169,14 +180,15 @@ fn replica_mismatches(ranks: &[RankModel]) -> Result<Vec<ReplicaMismatch>, Model
     };
     // Rank 0's copies read back once, not once per other rank.
     let want = first
-        .replicated()
+        .replicated()?
         .into_iter()
-        .map(|(m, t)| Ok((values(t, &m)?, m)))
+        .map(|(m, t)| Ok((values(&t, &m)?, m)))
         .collect::<Result<Vec<_>, ModelError>>()?;
     let mut out = Vec::new();
     for (r, rank) in rest.iter().enumerate() {
-        for ((a, module), (_, b)) in want.iter().zip(rank.replicated()) {
-            let d = crate::compare::diff(&values(b, module)?, a);
+        for ((a, module), (m, b)) in want.iter().zip(rank.replicated()?) {
+            debug_assert_eq!(module, &m);
+            let d = crate::compare::diff(&values(&b, module)?, a);
             if (d.rel_l2.is_nan() || d.rel_l2 > REPLICA_REL_L2)
                 && !out
                     .iter()
@@ -198,7 +210,7 @@ fn replica_mismatches(ranks: &[RankModel]) -> Result<Vec<ReplicaMismatch>, Model
 pub struct RankModel {
     /// `[V, hidden]`, or under tensor parallel this rank's rows of the padded table
     /// `[V_pad / tp, hidden]`
-    pub embed: Tensor,
+    pub embed: Weight,
     pub layers: Vec<DecoderLayer>,
     /// RMSNorm `[hidden]`, rms_norm_eps (replicated)
     pub norm: RmsNorm,
@@ -345,19 +357,21 @@ impl Glm5 {
                 options.dtype
             )));
         }
-        let dtype = options.dtype;
+        let (dtype, mode) = (options.dtype, options.matmul);
         let mut layers: Vec<Vec<DecoderLayer>> = (0..tp).map(|_| Vec::new()).collect();
         for l in 0..c.num_hidden_layers {
             for (src, ls) in sources.iter_mut().zip(layers.iter_mut()) {
-                ls.push(DecoderLayer::new(&c, l, &mut Params { src, dtype })?);
+                ls.push(DecoderLayer::new(&c, l, &mut Params { src, dtype, mode })?);
             }
         }
         let mut ranks = Vec::with_capacity(tp);
         for (src, layers) in sources.iter_mut().zip(layers) {
-            let mut vb = Params { src, dtype };
-            let embed = vb.get(Role::Embedding, None)?;
+            let mut vb = Params { src, dtype, mode };
+            let embed = vb.weight(Role::Embedding, None)?;
             let lm_head = if c.tie_word_embeddings {
-                Linear::new(embed.clone())
+                Linear {
+                    weight: embed.clone(),
+                }
             } else {
                 vb.linear(Role::LmHead, None)?
             };
@@ -464,7 +478,7 @@ impl Glm5 {
         })
         .map_err(at(conv::POSITION_IDS))?;
 
-        let embeds: Vec<&Tensor> = self.ranks.iter().map(|r| &r.embed).collect();
+        let embeds: Vec<&Weight> = self.ranks.iter().map(|r| &r.embed).collect();
         let mut x =
             parallel::embed(&embeds, self.per_rank_vocab, tokens, &ids).map_err(at(&p.embed))?; // [T, hidden]
         capture::emit(capture, &p.embed, &x).map_err(at(&p.embed))?;

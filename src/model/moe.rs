@@ -8,10 +8,11 @@ use candle_core::quantized::QTensor;
 use candle_core::{DType, Result, Tensor, D};
 
 use super::capture::{emit, emit_with, Capture};
+use super::linear::{dequantize, q8_matmul, Linear, MatmulMode};
 use super::mlp::Mlp;
 use super::names::SwiGluPaths;
 use super::names::{conv, nth_call, sub};
-use super::ops::{one_hot_rows, topk_indices, Linear};
+use super::ops::{one_hot_rows, topk_indices};
 use super::source::{Params, WeightSource};
 use super::ModelError;
 use crate::arch::glm_dsa::Role;
@@ -112,12 +113,17 @@ pub enum ExpertStack {
     /// `[E, out, in]` in the compute dtype.
     Dense(Tensor),
     /// The GGUF's blocks as stored, one `[out, in]` quantized tensor per expert on the device,
-    /// dequantized into `dtype` only when the expert has tokens: a layer's experts stay at their
-    /// quantized size.
+    /// dequantized into `dtype` only when the expert has tokens (or, in q8 mode, multiplied by
+    /// the quantized kernels): a layer's experts stay at their quantized size.
     Blocks {
         experts: Vec<Arc<QTensor>>,
         dtype: DType,
+        mode: MatmulMode,
     },
+    /// The whole `[E, out, in]` stack as one quantized tensor on a CUDA device, multiplied by
+    /// candle's fused MoE kernel (`indexed_moe_forward`, q8 mode): every token's chosen experts in
+    /// one launch, no host sync.
+    Stacked { q: Arc<QTensor>, dtype: DType },
 }
 
 impl ExpertStack {
@@ -125,6 +131,9 @@ impl ExpertStack {
         match self {
             ExpertStack::Dense(t) => t.dim(0),
             ExpertStack::Blocks { experts, .. } => Ok(experts.len()),
+            ExpertStack::Stacked { q, .. } => q.shape().dims().first().copied().ok_or_else(|| {
+                candle_core::Error::Msg("an expert stack with no expert dimension".into())
+            }),
         }
     }
 
@@ -136,12 +145,29 @@ impl ExpertStack {
     pub fn expert(&self, e: usize) -> Result<Tensor> {
         match self {
             ExpertStack::Dense(t) => t.get(e),
-            ExpertStack::Blocks { experts, dtype } => {
-                let q = experts.get(e).ok_or_else(|| {
-                    candle_core::Error::Msg(format!("expert {e} of {}", experts.len()))
-                })?;
-                q.dequantize(&q.device())?.to_dtype(*dtype)
-            }
+            ExpertStack::Blocks { dtype, .. } => dequantize(self.block(e)?, *dtype),
+            ExpertStack::Stacked { q, dtype } => dequantize(q, *dtype)?.get(e),
+        }
+    }
+
+    fn block(&self, e: usize) -> Result<&QTensor> {
+        match self {
+            ExpertStack::Blocks { experts, .. } => experts
+                .get(e)
+                .map(|q| q.as_ref())
+                .ok_or_else(|| candle_core::Error::Msg(format!("expert {e} of {}", experts.len()))),
+            _ => candle_core::bail!("expert {e} is not held as its own blocks"),
+        }
+    }
+
+    /// Expert `e` applied to its tokens: `xs` `[n, in]` → `[n, out]` in `xs`'s dtype.
+    pub fn apply(&self, e: usize, xs: &Tensor) -> Result<Tensor> {
+        match self {
+            ExpertStack::Blocks {
+                mode: MatmulMode::Q8,
+                ..
+            } => q8_matmul(self.block(e)?, xs),
+            _ => xs.matmul(&self.expert(e)?.t()?),
         }
     }
 }
@@ -183,6 +209,14 @@ impl Experts {
     /// transformers' rows follow `torch.where` over `[slot, token]`, i.e. slot-major with slots in
     /// `topk(sorted=False)` order, which depends on torch's top-k internals; compare per token.
     pub fn forward(&self, x: &Tensor, r: &Routing, capture: &mut dyn Capture) -> Result<Tensor> {
+        if let (
+            ExpertStack::Stacked { q: g, .. },
+            ExpertStack::Stacked { q: u, .. },
+            ExpertStack::Stacked { q: d, .. },
+        ) = (&self.gate, &self.up, &self.down)
+        {
+            return self.fused([g, u, d], x, r, capture);
+        }
         let (t, hidden) = x.dims2()?;
         let n_experts = self.gate.len()?;
         let ids = r.indices.to_vec2::<u32>()?;
@@ -212,13 +246,13 @@ impl Experts {
             let toks = Tensor::from_vec(toks, n, x.device())?;
             let flat = Tensor::from_vec(flat, n, x.device())?;
             let xs = x.index_select(&toks, 0)?; // [n, hidden]
-            let gate = xs.matmul(&self.gate.expert(e)?.t()?)?; // [n, inter]
+            let gate = self.gate.apply(e, &xs)?; // [n, inter]
             let act = gate.silu()?;
             emit(capture, &nth_call(&act_path, hit), &act)?;
             hit += 1;
-            let up = xs.matmul(&self.up.expert(e)?.t()?)?;
-            let y = (act * up)?.matmul(&self.down.expert(e)?.t()?)?; // [n, hidden]
-                                                                     // transformers: expert output (dtype) × f32 weight, back to the hidden dtype.
+            let up = self.up.apply(e, &xs)?;
+            let y = self.down.apply(e, &(act * up)?)?; // [n, hidden]
+                                                       // transformers: expert output (dtype) × f32 weight, back to the hidden dtype.
             let w = flat_w.index_select(&flat, 0)?.unsqueeze(1)?; // [n, 1] f32
             let y = y
                 .to_dtype(DType::F32)?
@@ -235,6 +269,52 @@ impl Experts {
         let toks = Tensor::cat(&tokens_all, 0)?;
         let ys = Tensor::cat(&contribs, 0)?;
         out.index_add(&toks, &ys, 0)
+    }
+}
+
+impl Experts {
+    /// q8 mode on CUDA: candle's fused MoE kernel runs every token's chosen experts at once
+    /// (activations quantized to Q8_1, f32 out), then the outputs are weighted in f32 and summed
+    /// over the k slots. No host sync unless `act_fn#n` is captured.
+    fn fused(
+        &self,
+        [g, u, d]: [&Arc<QTensor>; 3],
+        x: &Tensor,
+        r: &Routing,
+        capture: &mut dyn Capture,
+    ) -> Result<Tensor> {
+        let xf = x.to_dtype(DType::F32)?.contiguous()?.unsqueeze(1)?; // [T, 1, hidden]
+        let ids = r.indices.contiguous()?; // [T, k] U32
+        let act = g.indexed_moe_forward(&xf, &ids)?.silu()?; // [T, k, inter]
+        let up = u.indexed_moe_forward(&xf, &ids)?;
+        let y = d.indexed_moe_forward(&(&act * up)?.contiguous()?, &ids)?; // [T, k, hidden]
+        let act_path = sub(&self.path, conv::ACT);
+        if capture.wants(&nth_call(&act_path, 0)) {
+            // The per-expert captures of the eager loop: experts ascending, tokens ascending.
+            let (t, k, inter) = act.dims3()?;
+            let flat_act = act.reshape((t * k, inter))?.to_dtype(x.dtype())?;
+            let mut per_expert: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+            for (tok, row) in r.indices.to_vec2::<u32>()?.iter().enumerate() {
+                for (slot, &e) in row.iter().enumerate() {
+                    per_expert
+                        .entry(e)
+                        .or_default()
+                        .push((tok * k + slot) as u32);
+                }
+            }
+            for (hit, rows) in per_expert.into_values().enumerate() {
+                let n = rows.len();
+                let rows = Tensor::from_vec(rows, n, x.device())?;
+                emit(
+                    capture,
+                    &nth_call(&act_path, hit),
+                    &flat_act.index_select(&rows, 0)?,
+                )?;
+            }
+        }
+        y.broadcast_mul(&r.weights.unsqueeze(2)?)?
+            .sum(1)?
+            .to_dtype(x.dtype())
     }
 }
 

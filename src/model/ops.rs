@@ -3,24 +3,6 @@
 
 use candle_core::{DType, Device, Result, Tensor, D};
 
-/// `y = x · Wᵀ` with `W` in PyTorch order `[out, in]`; no bias (GLM-5 has none).
-#[derive(Debug, Clone)]
-pub struct Linear {
-    /// `[out, in]`
-    pub weight: Tensor,
-}
-
-impl Linear {
-    pub fn new(weight: Tensor) -> Self {
-        Linear { weight }
-    }
-
-    /// `[T, in]` → `[T, out]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.matmul(&self.weight.t()?)
-    }
-}
-
 /// transformers' `GlmMoeDsaRMSNorm`: computed in f32, cast back to the input dtype, then times the
 /// weight: `w · (x / sqrt(mean(x²) + eps))`.
 #[derive(Debug, Clone)]

@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use candle_core::{Result, Tensor};
 
 use super::capture::{emit, Capture, VecCapture};
+use super::linear::{Linear, Weight};
 use super::names::{conv, LayerPaths, MlpKind, SwiGluPaths};
-use super::ops::Linear;
 
 /// Runs `f` for each of `n` ranks (with the capture each should emit into) and sums the ranks'
 /// tensors: vLLM's all-reduce. Returns the sum and rank 0's extra value. Every rank's emits are
@@ -55,13 +55,13 @@ pub(crate) fn all_reduce<T>(
 /// table; each looks up the ids in its rows, zero elsewhere, and the lookups are summed.
 /// `ids` `[T]` U32 → `[T, hidden]`.
 pub(crate) fn embed(
-    shards: &[&Tensor],
+    shards: &[&Weight],
     per_rank: usize,
     tokens: &[u32],
     ids: &Tensor,
 ) -> Result<Tensor> {
     if let [only] = shards {
-        return only.index_select(ids, 0);
+        return only.rows(ids);
     }
     let dev = ids.device();
     let t = tokens.len();
@@ -80,7 +80,7 @@ pub(crate) fn embed(
             .collect();
         let local = Tensor::new(local.as_slice(), dev)?;
         let mask = Tensor::from_vec(mask, (t, 1), dev)?.to_dtype(shard.dtype())?;
-        let e = shard.index_select(&local, 0)?.broadcast_mul(&mask)?;
+        let e = shard.rows(&local)?.broadcast_mul(&mask)?;
         x = Some(match x {
             None => e,
             Some(s) => (s + e)?,
@@ -276,6 +276,7 @@ mod tests {
         let (a, b) = (padded.narrow(0, 0, 4)?, padded.narrow(0, 4, 4)?);
         let tokens = [4u32, 0, 3, 4];
         let ids = Tensor::new(&tokens[..], &dev)?;
+        let (table, a, b) = (Weight::Dense(table), Weight::Dense(a), Weight::Dense(b));
         let whole = embed(&[&table], 5, &tokens, &ids)?.to_vec2::<f32>()?;
         let split = embed(&[&a, &b], 4, &tokens, &ids)?.to_vec2::<f32>()?;
         assert_eq!(whole, split);

@@ -22,6 +22,8 @@ use crate::dump::{RankDump, RankFile};
 use crate::plan::ShardPlan;
 use crate::weights::Weights;
 
+use super::linear::{Linear, MatmulMode, Weight};
+use super::moe::ExpertStack;
 use super::ModelError;
 
 /// Which rank of how many a source serves.
@@ -43,14 +45,26 @@ pub trait WeightSource {
     /// This rank's piece of HF parameter `p` of `layer` in f32 (routed experts: all experts
     /// stacked, `[E, …]`).
     fn param(&mut self, p: Role, layer: Option<usize>) -> Result<Tensor, ModelError>;
-    /// Layer `layer`'s routed experts of `p` as the GGUF's blocks, one quantized tensor per expert on
-    /// this source's device, when this source keeps them so (the unsharded GGUF); None: the model
-    /// takes [`Self::param`]'s f32 stack.
+    /// HF parameter `p` of `layer` as the GGUF's quantized blocks on this source's device, when
+    /// this source keeps it so (the unsharded GGUF, a parameter stored as it is in a quantized
+    /// type); None: the model takes [`Self::param`]'s f32 tensor.
+    fn blocks(
+        &mut self,
+        _p: Role,
+        _layer: Option<usize>,
+    ) -> Result<Option<Arc<QTensor>>, ModelError> {
+        Ok(None)
+    }
+    /// Layer `layer`'s routed experts of `p` as the GGUF's blocks on this source's device, when
+    /// this source keeps them so (the unsharded GGUF, a quantized type): one `[out, in]` tensor
+    /// per expert, or with `stacked` (and a type candle's fused MoE kernel takes) the whole
+    /// `[E, out, in]` stack as one. None: the model takes [`Self::param`]'s f32 stack.
     fn expert_blocks(
         &mut self,
         _p: Role,
         _layer: usize,
-    ) -> Result<Option<Vec<Arc<QTensor>>>, ModelError> {
+        _stacked: bool,
+    ) -> Result<Option<QuantExperts>, ModelError> {
         Ok(None)
     }
     /// Parameters this source lacked and took from elsewhere (a rank dump's gaps).
@@ -92,42 +106,107 @@ impl WeightSource for FullSource<'_, '_> {
         }
     }
 
-    /// The GGUF's expert blocks as they are: each expert's run of bytes becomes one `QTensor` on
-    /// the device (uploaded as is; dequantized into the compute dtype when the expert is used).
+    fn blocks(
+        &mut self,
+        p: Role,
+        layer: Option<usize>,
+    ) -> Result<Option<Arc<QTensor>>, ModelError> {
+        let Some(t) = self.w.direct(&p.name(layer)?)? else {
+            return Ok(None);
+        };
+        let q = upload(
+            &t.info.name,
+            t.info.dtype,
+            t.bytes(),
+            &t.info.torch_shape(),
+            &self.w.device,
+        )?;
+        if q.is_some() {
+            t.release();
+        }
+        Ok(q.map(Arc::new))
+    }
+
+    /// The GGUF's expert blocks as they are (uploaded as is; dequantized into the compute dtype,
+    /// or multiplied by the quantized kernels, when an expert is used).
     fn expert_blocks(
         &mut self,
         p: Role,
         layer: usize,
-    ) -> Result<Option<Vec<Arc<QTensor>>>, ModelError> {
+        stacked: bool,
+    ) -> Result<Option<QuantExperts>, ModelError> {
         let def = p.def()?;
         if def.rebuild != Rebuild::ExpertSlice {
             return Ok(None);
         }
         let b = self.w.expert_blocks(def.hf, layer)?;
-        // Float stacks (F32/F16/BF16) gain nothing from staying as blocks, and candle dequantizes
-        // those (and Q8_1) on the host from a GPU copy: they are handed out as a dense stack.
-        let quantized = b.dtype.noise_bits() < 16 && b.dtype != crate::gguf::GgmlType::Q8_1;
-        let Some(dtype) = crate::gguf::dequant::candle_dtype(b.dtype).filter(|_| quantized) else {
-            return Ok(None);
-        };
         let device = self.w.device.clone();
-        (0..b.experts)
-            .map(|e| {
-                let bytes = b.expert(e).map_err(crate::weights::WeightError::from)?;
-                let q = crate::gguf::dequant::with_blocks(&b.tensor, b.dtype, bytes, |aligned| {
-                    QStorage::from_data(std::borrow::Cow::Borrowed(aligned), &device, dtype)
-                        .and_then(|s| QTensor::new(s, b.expert_shape.as_slice()))
+        let fused = crate::gguf::dequant::candle_dtype(b.dtype).is_some_and(fused_moe_type);
+        let out = if stacked && fused {
+            let mut shape = vec![b.experts];
+            shape.extend_from_slice(&b.expert_shape);
+            upload(&b.tensor, b.dtype, b.bytes(), &shape, &device)?
+                .map(|q| QuantExperts::Stacked(Arc::new(q)))
+        } else {
+            (0..b.experts)
+                .map(|e| {
+                    let bytes = b.expert(e).map_err(crate::weights::WeightError::from)?;
+                    upload(
+                        &format!("{} expert {e}", b.tensor),
+                        b.dtype,
+                        bytes,
+                        &b.expert_shape,
+                        &device,
+                    )
+                    .map(|q| q.map(Arc::new))
                 })
-                .map_err(crate::weights::WeightError::from)?
-                .map_err(candle(format!("{} expert {e}", b.tensor)))?;
-                Ok(Arc::new(q))
-            })
-            .collect::<Result<Vec<_>, ModelError>>()
-            .map(|q| {
-                b.release();
-                Some(q)
-            })
+                .collect::<Result<Option<Vec<_>>, ModelError>>()?
+                .map(QuantExperts::PerExpert)
+        };
+        if out.is_some() {
+            b.release();
+        }
+        Ok(out)
     }
+}
+
+/// Routed experts kept as the GGUF's blocks.
+#[derive(Debug, Clone)]
+pub enum QuantExperts {
+    /// One `[out, in]` tensor per expert.
+    PerExpert(Vec<Arc<QTensor>>),
+    /// The `[E, out, in]` stack as one tensor (candle's fused MoE kernel, CUDA only).
+    Stacked(Arc<QTensor>),
+}
+
+/// The types candle's `indexed_moe_forward` kernel takes.
+pub(crate) fn fused_moe_type(t: candle_core::quantized::GgmlDType) -> bool {
+    use candle_core::quantized::GgmlDType as D;
+    matches!(t, D::Q8_0 | D::Q2K | D::Q3K | D::Q4K | D::Q5K | D::Q6K)
+}
+
+/// `bytes` (whole `dtype` blocks of a tensor of `shape`) as a `QTensor` on `device`, for the
+/// quantized types candle computes with on the device; None for float types and those candle
+/// would decode on the host (they are handed out dense instead).
+fn upload(
+    name: &str,
+    dtype: crate::gguf::GgmlType,
+    bytes: &[u8],
+    shape: &[usize],
+    device: &Device,
+) -> Result<Option<QTensor>, ModelError> {
+    let Some(cd) =
+        crate::gguf::dequant::candle_dtype(dtype).filter(|&d| super::linear::keeps_blocks(d))
+    else {
+        return Ok(None);
+    };
+    crate::gguf::dequant::with_blocks(name, dtype, bytes, |aligned| {
+        QStorage::from_data(std::borrow::Cow::Borrowed(aligned), device, cd)
+            .and_then(|s| QTensor::new(s, shape))
+    })
+    .map_err(crate::weights::WeightError::from)?
+    .map(Some)
+    .map_err(candle(name.to_string()))
 }
 
 /// Rank `rank` of simulated tensor parallel: every parameter as vLLM's rank holds it — cut from the
@@ -307,6 +386,8 @@ impl WeightSource for ShardSource<'_, '_> {
 pub struct Params<'s, S: WeightSource + ?Sized> {
     pub src: &'s mut S,
     pub dtype: DType,
+    /// How weights the source keeps quantized are multiplied.
+    pub mode: MatmulMode,
 }
 
 impl<S: WeightSource + ?Sized> Params<'_, S> {
@@ -339,20 +420,40 @@ impl<S: WeightSource + ?Sized> Params<'_, S> {
     }
 
     /// Layer `l`'s routed experts of `p`: the source's quantized blocks when it keeps them (each
-    /// expert dequantized into the compute dtype when used), else the f32 stack in the compute
-    /// dtype.
-    pub fn experts(&mut self, p: Role, l: usize) -> Result<super::moe::ExpertStack, ModelError> {
-        Ok(match self.src.expert_blocks(p, l)? {
-            Some(experts) => super::moe::ExpertStack::Blocks {
+    /// expert dequantized into the compute dtype when used, or multiplied by the quantized
+    /// kernels), else the f32 stack in the compute dtype. In q8 mode on CUDA the stack is one
+    /// tensor for candle's fused MoE kernel.
+    pub fn experts(&mut self, p: Role, l: usize) -> Result<ExpertStack, ModelError> {
+        let (dtype, mode) = (self.dtype, self.mode);
+        let stacked = mode == MatmulMode::Q8 && self.src.device().is_cuda();
+        Ok(match self.src.expert_blocks(p, l, stacked)? {
+            Some(QuantExperts::PerExpert(experts)) => ExpertStack::Blocks {
                 experts,
-                dtype: self.dtype,
+                dtype,
+                mode,
             },
-            None => super::moe::ExpertStack::Dense(self.get(p, Some(l))?),
+            Some(QuantExperts::Stacked(q)) => ExpertStack::Stacked { q, dtype },
+            None => ExpertStack::Dense(self.get(p, Some(l))?),
         })
     }
 
-    pub fn linear(&mut self, p: Role, layer: Option<usize>) -> Result<super::Linear, ModelError> {
-        Ok(super::Linear::new(self.get(p, layer)?))
+    /// A weight matrix: the source's quantized blocks when it keeps them, else dense in the compute
+    /// dtype.
+    pub fn weight(&mut self, p: Role, layer: Option<usize>) -> Result<Weight, ModelError> {
+        Ok(match self.src.blocks(p, layer)? {
+            Some(q) => Weight::Blocks {
+                q,
+                dtype: self.dtype,
+                mode: self.mode,
+            },
+            None => Weight::Dense(self.get(p, layer)?),
+        })
+    }
+
+    pub fn linear(&mut self, p: Role, layer: Option<usize>) -> Result<Linear, ModelError> {
+        Ok(Linear {
+            weight: self.weight(p, layer)?,
+        })
     }
 }
 
@@ -390,9 +491,10 @@ mod tests {
         let want = whole
             .q_b
             .weight
-            .narrow(0, rows / 2, rows / 2)
+            .dense()
+            .and_then(|w| w.narrow(0, rows / 2, rows / 2))
             .expect("narrow");
-        let diff = (&half.q_b.weight - &want)
+        let diff = (&half.q_b.weight.dense().expect("dense") - &want)
             .and_then(|d| d.abs())
             .and_then(|d| d.max_all())
             .and_then(|d| d.to_scalar::<f32>())
@@ -443,10 +545,11 @@ mod tests {
             let mut src = FullSource { w: &w };
             let l = c.first_k_dense_replace;
             for role in [Role::ExpertGate, Role::ExpertUp, Role::ExpertDown] {
-                let blocks = src
-                    .expert_blocks(role, l)
-                    .expect("blocks")
-                    .expect("kept quantized");
+                let Some(QuantExperts::PerExpert(blocks)) =
+                    src.expert_blocks(role, l, false).expect("blocks")
+                else {
+                    panic!("{stem} {role:?}: not kept quantized per expert");
+                };
                 let stack = src.param(role, Some(l)).expect("stack");
                 assert_eq!(blocks.len(), c.n_routed_experts, "{stem}");
                 for (e, q) in blocks.iter().enumerate() {
@@ -461,7 +564,10 @@ mod tests {
                 }
             }
             // Not an expert stack: the source hands out f32 instead.
-            assert!(src.expert_blocks(Role::Router, l).expect("ok").is_none());
+            assert!(src
+                .expert_blocks(Role::Router, l, false)
+                .expect("ok")
+                .is_none());
         }
         for stem in ["tiny-BF16", "tiny-F32"] {
             let (m, c) = fixture(stem);
@@ -469,7 +575,7 @@ mod tests {
             let mut src = FullSource { w: &w };
             let l = c.first_k_dense_replace;
             assert!(
-                src.expert_blocks(Role::ExpertGate, l)
+                src.expert_blocks(Role::ExpertGate, l, false)
                     .expect("ok")
                     .is_none(),
                 "{stem}"

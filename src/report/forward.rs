@@ -38,9 +38,10 @@ pub fn forward_text(o: &ForwardOutcome, all_modules: bool) -> String {
         ));
     }
     out.push_str(&format!(
-        "compute {}, weights {} (coarsest matrix type); {}\n",
+        "compute {}, weights {} (coarsest matrix type, {}); {}\n",
         o.dtype.name(),
         o.weights.name,
+        super::notes::matmul_text(o.matmul),
         super::notes::dsa_message(&o.dsa)
     ));
     for n in &o.notes {
@@ -466,6 +467,7 @@ pub fn forward_json(o: &ForwardOutcome) -> Value {
         "token_texts": o.token_texts,
         "dtype": o.dtype,
         "weights": o.weights,
+        "matmul": o.matmul.name(),
         "dsa": super::notes::dsa_json(&o.dsa),
         "top": o.top,
         "entropy": o.entropy,

@@ -206,6 +206,14 @@ pub fn synth_text(r: &crate::synth::SynthReport, out: &Path) -> String {
     )
 }
 
+/// How the forward multiplied the GGUF's quantized weights, in the run's header line.
+pub fn matmul_text(m: crate::model::MatmulMode) -> &'static str {
+    match m {
+        crate::model::MatmulMode::Dequant => "dequantized before each matmul",
+        crate::model::MatmulMode::Q8 => "multiplied by q8 kernels",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

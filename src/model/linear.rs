@@ -1,0 +1,196 @@
+//! Weight matrices and the linear layers and embeddings built on them. A weight is either dense in
+//! the compute dtype or the GGUF's quantized blocks as stored (a candle `QTensor` on the model's
+//! device), used in one of two ways ([`MatmulMode`]).
+
+use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Result, Tensor};
+
+/// How a quantized weight meets its activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MatmulMode {
+    /// Dequantize the blocks into the compute dtype right before each GEMM: equal to a reference
+    /// computed from the same dequantized weights, to the compute dtype's precision.
+    #[default]
+    Dequant,
+    /// candle's llama.cpp-derived quantized kernels (MMVQ/MMQ on CUDA, its quantized CPU matmul):
+    /// activations are quantized to 8 bits per block first, as llama.cpp and vLLM's GGUF kernels
+    /// compute. What a GGUF deployment computes, within its own (looser) tolerance.
+    Q8,
+}
+
+impl MatmulMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            MatmulMode::Dequant => "dequant",
+            MatmulMode::Q8 => "q8",
+        }
+    }
+}
+
+/// A weight matrix `[out, in]` (PyTorch order).
+#[derive(Debug, Clone)]
+pub enum Weight {
+    /// In the compute dtype (or f32 where the module computes in f32).
+    Dense(Tensor),
+    /// The GGUF's blocks on the model's device; `dtype` is the compute dtype they are used in.
+    Blocks {
+        q: Arc<QTensor>,
+        dtype: DType,
+        mode: MatmulMode,
+    },
+}
+
+impl Weight {
+    /// `[out, in]`.
+    pub fn dims(&self) -> &[usize] {
+        match self {
+            Weight::Dense(t) => t.dims(),
+            Weight::Blocks { q, .. } => q.shape().dims(),
+        }
+    }
+
+    pub fn dim(&self, d: usize) -> Result<usize> {
+        self.dims()
+            .get(d)
+            .copied()
+            .ok_or_else(|| candle_core::Error::Msg(format!("dim {d} of {:?}", self.dims())))
+    }
+
+    /// The compute dtype of what this weight produces.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Weight::Dense(t) => t.dtype(),
+            Weight::Blocks { dtype, .. } => *dtype,
+        }
+    }
+
+    /// Whether the weight is kept as quantized blocks.
+    pub fn is_quantized(&self) -> bool {
+        matches!(self, Weight::Blocks { .. })
+    }
+
+    /// The whole matrix in the compute dtype (blocks dequantized now).
+    pub fn dense(&self) -> Result<Tensor> {
+        match self {
+            Weight::Dense(t) => Ok(t.clone()),
+            Weight::Blocks { q, dtype, .. } => dequantize(q, *dtype),
+        }
+    }
+
+    /// Rows `ids` `[n]` (U32) → `[n, in]` in the compute dtype: an embedding lookup. Blocks are
+    /// decoded row by row (only the rows asked for).
+    pub fn rows(&self, ids: &Tensor) -> Result<Tensor> {
+        match self {
+            Weight::Dense(t) => t.index_select(ids, 0),
+            Weight::Blocks { q, dtype, .. } => q.embedding(ids)?.to_dtype(*dtype),
+        }
+    }
+}
+
+/// Blocks dequantized into `dtype` on their own device. candle decodes every type to f32; f16 has
+/// a direct kernel on CUDA.
+pub fn dequantize(q: &QTensor, dtype: DType) -> Result<Tensor> {
+    let device = q.device();
+    if dtype == DType::F16 && device.is_cuda() {
+        return q.dequantize_f16(&device);
+    }
+    q.dequantize(&device)?.to_dtype(dtype)
+}
+
+/// Whether a weight of this GGML type is kept as blocks: the quantized types (float types gain
+/// nothing, and candle dequantizes float QTensors and Q8_1 on the host from a GPU copy).
+pub fn keeps_blocks(dtype: GgmlDType) -> bool {
+    !matches!(
+        dtype,
+        GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 | GgmlDType::Q8_1
+    )
+}
+
+/// `y = x · Wᵀ` with `W` `[out, in]`; no bias (GLM-5 has none).
+#[derive(Debug, Clone)]
+pub struct Linear {
+    pub weight: Weight,
+}
+
+impl Linear {
+    /// A dense linear layer.
+    pub fn new(weight: Tensor) -> Self {
+        Linear {
+            weight: Weight::Dense(weight),
+        }
+    }
+
+    /// `[T, in]` → `[T, out]` in `x`'s dtype.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match &self.weight {
+            Weight::Dense(w) => x.matmul(&w.t()?),
+            Weight::Blocks {
+                q,
+                dtype,
+                mode: MatmulMode::Dequant,
+            } => x.matmul(&dequantize(q, *dtype)?.t()?),
+            Weight::Blocks {
+                q,
+                mode: MatmulMode::Q8,
+                ..
+            } => q8_matmul(q, x),
+        }
+    }
+}
+
+/// `x · Wᵀ` by candle's quantized kernels. They are fed f32 (every path takes it; the activations
+/// are quantized to 8 bits first anyway) and the result is cast back to `x`'s dtype.
+pub fn q8_matmul(q: &QTensor, x: &Tensor) -> Result<Tensor> {
+    x.to_dtype(DType::F32)?
+        .contiguous()?
+        .apply_op1_no_bwd(q)?
+        .to_dtype(x.dtype())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn quantized(rows: usize, cols: usize, dtype: GgmlDType) -> Result<(Tensor, Arc<QTensor>)> {
+        let dev = Device::Cpu;
+        let w = Tensor::randn(0f32, 0.02, (rows, cols), &dev)?;
+        let q = Arc::new(QTensor::quantize(&w, dtype)?);
+        Ok((q.dequantize(&dev)?, q))
+    }
+
+    fn rel_l2(a: &Tensor, b: &Tensor) -> Result<f32> {
+        let d = (a - b)?.sqr()?.sum_all()?.to_scalar::<f32>()?.sqrt();
+        Ok(d / b.sqr()?.sum_all()?.to_scalar::<f32>()?.sqrt())
+    }
+
+    /// Dequant mode is the dense weight's matmul exactly; q8 mode is within 8-bit activation
+    /// rounding of it; row lookups decode exactly the dequantized rows.
+    #[test]
+    fn both_modes_compute_the_dense_product() -> Result<()> {
+        let dev = Device::Cpu;
+        for dtype in [GgmlDType::Q4K, GgmlDType::Q8_0, GgmlDType::Q6K] {
+            let (dense, q) = quantized(64, 512, dtype)?;
+            let x = Tensor::randn(0f32, 1.0, (5, 512), &dev)?;
+            let want = Linear::new(dense.clone()).forward(&x)?;
+            let blocks = |mode| Linear {
+                weight: Weight::Blocks {
+                    q: q.clone(),
+                    dtype: DType::F32,
+                    mode,
+                },
+            };
+            let got = blocks(MatmulMode::Dequant).forward(&x)?;
+            assert_eq!(rel_l2(&got, &want)?, 0.0, "{dtype:?} dequant");
+            let q8 = rel_l2(&blocks(MatmulMode::Q8).forward(&x)?, &want)?;
+            assert!(q8 > 0.0 && q8 < 2e-2, "{dtype:?} q8 rel-L2 {q8}");
+            let ids = Tensor::new(&[3u32, 0, 63, 3], &dev)?;
+            let rows = blocks(MatmulMode::Dequant).weight.rows(&ids)?;
+            assert_eq!(rel_l2(&rows, &dense.index_select(&ids, 0)?)?, 0.0);
+        }
+        Ok(())
+    }
+}
