@@ -55,8 +55,12 @@ pub struct ForwardSpec {
     pub prompt: Option<String>,
     /// Tolerances for the comparison (`None`: [`Tolerances::for_profile`]).
     pub tolerances: Option<Tolerances>,
-    /// Time this many extra plain (uncaptured) forwards of the prompt and report the best.
+    /// Time this many extra plain (uncaptured) forwards of the prompt and report the best and
+    /// the median.
     pub bench: usize,
+    /// After the timed forwards, one more with the device synchronized after every module, its
+    /// time split by module kind.
+    pub profile: bool,
     /// The model's `index_topk` (read by the comparison: where the indexer starts to matter).
     pub index_topk: usize,
 }
@@ -127,6 +131,8 @@ pub struct ForwardOutcome {
     /// With `--bench N`: the best of N plain forwards of the prompt, seconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub forward_seconds: Option<f64>,
+    /// With `--bench N`: the timings.
+    pub bench: Option<Bench>,
     pub comparison: Option<Comparison>,
     #[serde(skip)]
     pub capture: Activations,
@@ -235,16 +241,104 @@ fn continue_greedy(
     Ok((ids, None))
 }
 
-/// The best of `n` plain forwards of `tokens`, seconds (`None` for n = 0).
-fn bench(model: &Glm5, tokens: &[u32], n: usize) -> Result<Option<f64>, ForwardError> {
-    let mut best = None;
+/// Timed plain forwards of the prompt (each ends with the device synchronized).
+#[derive(Debug, Clone, Serialize)]
+pub struct Bench {
+    pub runs: usize,
+    pub best_ms: f64,
+    pub median_ms: f64,
+    /// With `--profile`: one more forward's time by module kind (layer numbers as `*`), in
+    /// execution order of first appearance; the device is synchronized after every module, so
+    /// the sum exceeds an unprofiled forward.
+    pub profile: Option<Vec<ModuleTime>>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModuleTime {
+    pub module: String,
+    pub ms: f64,
+    pub calls: usize,
+}
+
+/// `n` plain forwards of `tokens` timed (`None` for n = 0), and with `profile` one more split by
+/// module.
+fn bench(
+    model: &Glm5,
+    tokens: &[u32],
+    n: usize,
+    profile: bool,
+) -> Result<Option<Bench>, ForwardError> {
+    if n == 0 {
+        return Ok(None);
+    }
+    let mut times = Vec::with_capacity(n);
     for _ in 0..n {
         let start = std::time::Instant::now();
         model.forward(tokens, &mut NoCapture)?;
-        let s = start.elapsed().as_secs_f64();
-        best = Some(best.map_or(s, |b: f64| b.min(s)));
+        model.device().synchronize().map_err(ForwardError::from)?;
+        times.push(start.elapsed().as_secs_f64() * 1e3);
     }
-    Ok(best)
+    times.sort_by(f64::total_cmp);
+    let profile = if profile {
+        let mut p = Profiler {
+            device: model.device(),
+            last: std::time::Instant::now(),
+            times: Vec::new(),
+        };
+        model.forward(tokens, &mut p)?;
+        Some(p.times)
+    } else {
+        None
+    };
+    Ok(Some(Bench {
+        runs: n,
+        best_ms: times[0],
+        median_ms: times[n / 2],
+        profile,
+    }))
+}
+
+/// Times each module: synchronizes the device at every capture point and charges the time since
+/// the previous one to the module emitted.
+struct Profiler<'d> {
+    device: &'d candle_core::Device,
+    last: std::time::Instant,
+    times: Vec<ModuleTime>,
+}
+
+impl crate::model::Capture for Profiler<'_> {
+    fn wants(&self, path: &str) -> bool {
+        // The per-expert act_fn captures cost a host sync and gathers of their own.
+        !path.contains(".experts.act_fn")
+    }
+
+    fn capture(&mut self, path: &str, _t: &candle_core::Tensor) -> candle_core::Result<()> {
+        self.device.synchronize()?;
+        let now = std::time::Instant::now();
+        let ms = (now - self.last).as_secs_f64() * 1e3;
+        self.last = now;
+        let kind = module_kind(path);
+        match self.times.iter_mut().find(|m| m.module == kind) {
+            Some(m) => {
+                m.ms += ms;
+                m.calls += 1;
+            }
+            None => self.times.push(ModuleTime {
+                module: kind,
+                ms,
+                calls: 1,
+            }),
+        }
+        Ok(())
+    }
+}
+
+/// `model.layers.12.self_attn.q_b_proj` → `model.layers.*.self_attn.q_b_proj`.
+fn module_kind(path: &str) -> String {
+    path.split('.')
+        .map(|p| if p.parse::<usize>().is_ok() { "*" } else { p })
+        .collect::<Vec<_>>()
+        .join(".")
 }
 
 /// Runs the forward (and the comparison when `reference` is given).
@@ -299,7 +393,8 @@ pub fn run(
             .map(|&id| t.token_text(id).unwrap_or_default())
             .collect()
     });
-    let forward_seconds = bench(model, tokens, spec.bench)?;
+    let bench = bench(model, tokens, spec.bench, spec.profile)?;
+    let forward_seconds = bench.as_ref().map(|b| b.best_ms / 1e3);
     let comparison = match reference {
         Some(r) => Some(compare(
             r,
@@ -330,6 +425,7 @@ pub fn run(
         tp: model.simulated_tp(),
         notes: Vec::new(),
         forward_seconds,
+        bench,
         comparison,
         capture,
     })

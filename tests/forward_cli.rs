@@ -98,6 +98,7 @@ fn spec(dtype: ComputeDtype, weights: glmcheck::gguf::GgmlType, new: usize) -> F
         prompt: None,
         tolerances: None,
         bench: 0,
+        profile: false,
         index_topk: 8,
     }
 }

@@ -79,10 +79,14 @@ pub struct ForwardArgs {
     /// Tokens of greedy continuation (the full forward is recomputed per token).
     #[arg(long, default_value_t = 8)]
     pub max_new_tokens: usize,
-    /// Time N extra plain forwards of the prompt (no capture) and report the best
-    /// ("forward_seconds" in --json).
+    /// Time N extra plain forwards of the prompt (no capture; the device synchronized at the end
+    /// of each) and report the best and the median ("bench" in --json).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub bench: usize,
+    /// With --bench: one more forward with the device synchronized after every module, its time
+    /// split by module kind ("bench.profile" in --json).
+    #[arg(long, requires = "bench")]
+    pub profile: bool,
     /// Simulate vLLM tensor parallel over N ranks (each rank its column/row-parallel shards,
     /// partial sums all-reduced, vocab-parallel embedding and lm_head gathered). Without
     /// --reference it is compared with the unsharded forward of the same file: at same-weights
@@ -187,6 +191,7 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
             kernel_kind(truth.kind, options.matmul),
         ))),
         bench: a.bench,
+        profile: a.profile,
         index_topk: l.cfg.index_topk,
     };
     let mut outcome = fwd::run(&model, tokenizer.as_ref(), &ids, truth.acts.as_ref(), &spec)?;

@@ -16,6 +16,32 @@ fn opt(x: Option<f64>) -> String {
 }
 
 /// Human output of `forward`.
+/// `--bench` (and `--profile`): the timings, the profile's modules by time, largest first.
+fn bench_text(b: &crate::forward::Bench) -> String {
+    let mut out = format!(
+        "forward of the prompt: best {:.2} ms, median {:.2} ms of {} (device synchronized)\n",
+        b.best_ms, b.median_ms, b.runs
+    );
+    if let Some(p) = &b.profile {
+        let total: f64 = p.iter().map(|m| m.ms).sum();
+        let mut by_time: Vec<_> = p.iter().collect();
+        by_time.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+        out.push_str(&format!(
+            "profile (synchronized after every module, {total:.2} ms in all):\n"
+        ));
+        for m in by_time.iter().take(15) {
+            out.push_str(&format!(
+                "  {:>8.3} ms {:>5.1} %  {} (×{})\n",
+                m.ms,
+                100.0 * m.ms / total.max(f64::MIN_POSITIVE),
+                m.module,
+                m.calls
+            ));
+        }
+    }
+    out
+}
+
 pub fn forward_text(o: &ForwardOutcome, all_modules: bool) -> String {
     let mut out = String::new();
     out.push_str(&format!(
@@ -46,6 +72,9 @@ pub fn forward_text(o: &ForwardOutcome, all_modules: bool) -> String {
     ));
     for n in &o.notes {
         out.push_str(&format!("{n}\n"));
+    }
+    if let Some(b) = &o.bench {
+        out.push_str(&bench_text(b));
     }
     out.push('\n');
 
@@ -480,6 +509,7 @@ pub fn forward_json(o: &ForwardOutcome) -> Value {
         "tp": o.tp,
         "notes": o.notes,
         "forward_seconds": o.forward_seconds,
+        "bench": o.bench,
         "modules": modules,
         "logits": logits,
         "first_divergence": first,
