@@ -2,9 +2,10 @@
 
 use std::path::PathBuf;
 
+use super::args::DeviceArg;
 use super::output::{emit, progress};
 use super::{open, CmdError, Ctx, Outcome};
-use crate::gguf::stats;
+use crate::gguf::{device_decode, stats};
 use crate::report;
 
 /// Dequantize tensors to f32 and report per-tensor statistics and decode throughput.
@@ -16,6 +17,7 @@ use crate::report;
   glmcheck dequant fixtures/tiny/tiny-Q4_K_M.gguf
   glmcheck dequant model.gguf --tensor 'blk.3.attn_*' --tensor output.weight --json
   glmcheck dequant bench.gguf --repeat 5 --json   # best-of-5 decode timing
+  glmcheck dequant model.gguf --device cuda --repeat 5 --json   # GPU decode vs GPU copy
 
 Exit codes: 0 all decoded and finite, 1 NaN/Inf values or undecodable tensors, 2 unreadable.")]
 pub struct DequantArgs {
@@ -31,7 +33,14 @@ pub struct DequantArgs {
     /// (how `shards --verify` scans experts), instead of into one reused f32 buffer.
     #[arg(long)]
     pub stream: bool,
-    /// Print JSON: {"tensors": [{"name", "dtype", "shape", "absmax", "mean", "std", "nan", "inf", "seconds", "out_gbps"}]}.
+    /// Decode on this device instead (cuda, cuda:N): each tensor's blocks uploaded as they are,
+    /// decoded to f32 there, best of --repeat, against a device copy of the result in the same
+    /// run (both GB/s as bytes read + written). No statistics; float tensors are listed as not
+    /// decoded.
+    #[arg(long, value_name = "DEVICE")]
+    pub device: Option<DeviceArg>,
+    /// Print JSON: {"tensors": [{"name", "dtype", "shape", "absmax", "mean", "std", "nan", "inf", "seconds", "out_gbps"}]};
+    /// with --device: {"device", "tensors": [{"name", "dtype", "bytes_in", "bytes_out", "seconds", "gbps", "copy_gbps", "error"}], "types": [{"dtype", "gbps", "copy_gbps", "tensors"}]}.
     #[arg(long)]
     pub json: bool,
 }
@@ -60,6 +69,9 @@ pub fn run(a: &DequantArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         .into());
     }
     let total: u64 = selected.iter().map(|t| t.info.n_bytes).sum();
+    if let Some(d) = a.device {
+        return on_device(a, ctx, d, &selected, total);
+    }
     let bar = progress(ctx.quiet, total);
     let mut rows = Vec::with_capacity(selected.len());
     let mut buf = Vec::new();
@@ -79,4 +91,31 @@ pub fn run(a: &DequantArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         .iter()
         .any(|r| r.error.is_some() || r.nan > 0 || r.inf > 0);
     Ok(Outcome::finding_if(bad))
+}
+
+/// `--device`: decode throughput on the device against its copy throughput.
+fn on_device(
+    a: &DequantArgs,
+    ctx: &Ctx,
+    d: DeviceArg,
+    selected: &[crate::gguf::TensorRef<'_>],
+    total: u64,
+) -> anyhow::Result<Outcome> {
+    let device = d.open()?;
+    let bar = progress(ctx.quiet, total);
+    let mut rows = Vec::with_capacity(selected.len());
+    for &t in selected {
+        bar.set_message(t.info.name.clone());
+        rows.push(device_decode::decode_on(&device, t, a.repeat));
+        bar.inc(t.info.n_bytes);
+    }
+    bar.finish_and_clear();
+    let types = device_decode::by_type(&rows);
+    emit(
+        ctx,
+        a.json,
+        &serde_json::json!({ "file": a.file, "device": d.to_string(), "tensors": rows, "types": types }),
+        || report::device_decode_text(&d.to_string(), &types),
+    )?;
+    Ok(Outcome::Ok)
 }

@@ -106,6 +106,14 @@ pub fn candle_dtype(t: GgmlType) -> Option<candle_core::quantized::GgmlDType> {
     })
 }
 
+/// candle's type for `t` when a tensor of it is kept as blocks on a device: the quantized types.
+/// Float types gain nothing from it, and candle decodes float `QTensor`s and Q8_1 on the host
+/// from a device copy.
+pub fn device_blocks(t: GgmlType) -> Option<candle_core::quantized::GgmlDType> {
+    use candle_core::quantized::GgmlDType as D;
+    candle_dtype(t).filter(|d| !matches!(d, D::F32 | D::F16 | D::BF16 | D::Q8_1))
+}
+
 /// Runs `f` on `bytes` checked to be whole `dtype` blocks candle can hold, at an address aligned
 /// for them (candle's block casts panic on a misaligned slice): the map itself when it already is
 /// (GGUF data is 32-byte aligned), else an 8-byte-aligned copy.

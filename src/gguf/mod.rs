@@ -3,6 +3,7 @@
 //! All checks of sizes and offsets live here; later stages may trust what this module hands out.
 
 pub mod dequant;
+pub mod device_decode;
 pub mod error;
 pub mod model;
 pub mod noise;

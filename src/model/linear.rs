@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::QTensor;
 use candle_core::{DType, Result, Tensor};
 
 /// How a quantized weight meets its activations.
@@ -100,15 +100,6 @@ pub fn dequantize(q: &QTensor, dtype: DType) -> Result<Tensor> {
     q.dequantize(&device)?.to_dtype(dtype)
 }
 
-/// Whether a weight of this GGML type is kept as blocks: the quantized types (float types gain
-/// nothing, and candle dequantizes float QTensors and Q8_1 on the host from a GPU copy).
-pub fn keeps_blocks(dtype: GgmlDType) -> bool {
-    !matches!(
-        dtype,
-        GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 | GgmlDType::Q8_1
-    )
-}
-
 /// `y = x · Wᵀ` with `W` `[out, in]`; no bias (GLM-5 has none).
 #[derive(Debug, Clone)]
 pub struct Linear {
@@ -153,6 +144,7 @@ pub fn q8_matmul(q: &QTensor, x: &Tensor) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::quantized::GgmlDType;
     use candle_core::Device;
 
     fn quantized(rows: usize, cols: usize, dtype: GgmlDType) -> Result<(Tensor, Arc<QTensor>)> {

@@ -195,9 +195,7 @@ fn upload(
     shape: &[usize],
     device: &Device,
 ) -> Result<Option<QTensor>, ModelError> {
-    let Some(cd) =
-        crate::gguf::dequant::candle_dtype(dtype).filter(|&d| super::linear::keeps_blocks(d))
-    else {
+    let Some(cd) = crate::gguf::dequant::device_blocks(dtype) else {
         return Ok(None);
     };
     crate::gguf::dequant::with_blocks(name, dtype, bytes, |aligned| {

@@ -220,6 +220,33 @@ fn inspect_verdict(r: &InspectReport) -> String {
 }
 
 /// Human output of `dequant`.
+/// `dequant --device`: decode throughput per type against the device's copy throughput.
+pub fn device_decode_text(
+    device: &str,
+    types: &[crate::gguf::device_decode::TypeDecode],
+) -> String {
+    let mut t = table(&[
+        "type",
+        "tensors",
+        "decode GB/s",
+        "copy GB/s",
+        "decode / copy",
+    ]);
+    for r in types {
+        t.add_row(vec![
+            r.dtype.name.to_string(),
+            r.tensors.to_string(),
+            format!("{:.0}", r.gbps),
+            format!("{:.0}", r.copy_gbps),
+            format!("{:.0} %", 100.0 * r.gbps / r.copy_gbps.max(1e-12)),
+        ]);
+    }
+    format!(
+        "decode on {device} (blocks read + f32 written per second, against a device copy of the \
+         f32 result; best of --repeat):\n{t}\n"
+    )
+}
+
 pub fn dequant_text(rows: &[TensorStats]) -> String {
     let mut t = table(&[
         "tensor",
