@@ -100,6 +100,7 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    sample_anon_rss();
     // Ctrl-C: remove the temp files of writes in flight (no partial report or dump is ever left).
     let _ = ctrlc::set_handler(|| {
         glmcheck::outputs::remove_pending();
@@ -117,6 +118,31 @@ fn main() -> ExitCode {
     code
 }
 
+/// The largest anonymous resident memory (`RssAnon`, KiB) seen by [`sample_anon_rss`].
+static PEAK_ANON_KIB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn status_kib(status: &str, key: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+}
+
+/// With `GLMCHECK_PEAK_RSS=1`, samples `RssAnon` every 5 ms: the kernel keeps a peak only of the
+/// whole RSS, which counts the GGUF's mapped pages too.
+fn sample_anon_rss() {
+    if std::env::var_os("GLMCHECK_PEAK_RSS").is_none() {
+        return;
+    }
+    std::thread::spawn(|| loop {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        if let Some(kib) = status_kib(&status, "RssAnon:") {
+            PEAK_ANON_KIB.fetch_max(kib, std::sync::atomic::Ordering::Relaxed);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    });
+}
+
 /// With `GLMCHECK_PEAK_RSS=1`, prints this process's peak resident memory (`VmHWM`) on stderr
 /// at exit. A parent's `wait4` cannot measure it: on Linux a spawned child's `ru_maxrss` starts
 /// from the spawning process's own peak (the memory-budget tests spawn from a large test runner).
@@ -125,11 +151,13 @@ fn report_peak_rss() {
         return;
     }
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    if let Some(kib) = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-    {
+    if let Some(kib) = status_kib(&status, "VmHWM:") {
         eprintln!("glmcheck: peak RSS {kib} KiB");
+    }
+    let anon = PEAK_ANON_KIB.load(std::sync::atomic::Ordering::Relaxed);
+    if anon > 0 {
+        eprintln!(
+            "glmcheck: peak anonymous RSS {anon} KiB (sampled every 5 ms; mapped file pages aside)"
+        );
     }
 }

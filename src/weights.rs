@@ -53,6 +53,11 @@ impl<'a> ExpertBlocks<'a> {
         self.source.bytes()
     }
 
+    /// The same bytes as a handle that outlives the model's borrow.
+    pub fn shared(&self) -> crate::gguf::SharedBytes {
+        self.source.shared()
+    }
+
     /// Expert `e`'s bytes (the stack is outermost-expert, so each expert is one run).
     pub fn expert(&self, e: usize) -> Result<&'a [u8], DequantError> {
         let bytes = self.source.bytes();

@@ -97,7 +97,9 @@ const GLM5_TRACES: [&str; 8] = [
 fn diagnostics(out: &std::process::Output) -> String {
     stderr(out)
         .lines()
-        .filter(|l| !l.starts_with("glmcheck: peak RSS "))
+        .filter(|l| {
+            !l.starts_with("glmcheck: peak RSS ") && !l.starts_with("glmcheck: peak anonymous RSS ")
+        })
         .map(|l| format!("{l}\n"))
         .collect()
 }

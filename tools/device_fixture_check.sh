@@ -17,6 +17,17 @@ run cuda-ref forward "$F" --tokens "$P0" --device cuda --reference "$REF" --max-
 run cuda-bf16-ref forward "$F" --tokens "$P0" --device cuda --dtype bf16 --reference "$REF" --max-new-tokens 0 --json
 run cuda-tp8 forward "$F" --tokens "$P0" --device cuda --tp 8 --max-new-tokens 0 --json
 run cuda-q4-ref forward fixtures/tiny/tiny-Q4_K_M.gguf --tokens "$P0" --device cuda --reference "$REF" --max-new-tokens 0 --json
+# The quantized fixtures: weights stay as blocks on the GPU. dequant mode equals the CPU to 1e-5;
+# q8 mode (CUDA: MMVQ/MMQ + the fused indexed MoE kernel) against the CPU's dequant dump.
+for q in Q4_K_M Q8_0; do
+  G=fixtures/tiny/tiny-$q.gguf
+  run cpu-$q forward "$G" --tokens "$P0" --device cpu --max-new-tokens 0 --dump "$OUT/cpu-$q.safetensors" --json
+  run cuda-$q forward "$G" --tokens "$P0" --device cuda --max-new-tokens 0 --dump "$OUT/cuda-$q.safetensors" --json
+  run diff-cpu-cuda-$q diff "$OUT/cpu-$q.safetensors" "$OUT/cuda-$q.safetensors" --rel-l2 1e-5 --json
+  run cuda-q8-$q forward "$G" --tokens "$P0" --device cuda --matmul q8 --reference "$OUT/cpu-$q.safetensors" --max-new-tokens 0 --json
+  run cuda-q8-$q-ref forward "$G" --tokens "$P0" --device cuda --matmul q8 --reference "$REF" --max-new-tokens 0 --json
+done
+rm -f "$OUT"/cpu-Q*.safetensors "$OUT"/cuda-Q*.safetensors
 run cuda-bench forward "$F" --tokens "$P0" --device cuda --max-new-tokens 0 --bench 20 --json
 run cpu-bench forward "$F" --tokens "$P0" --device cpu --max-new-tokens 0 --bench 20 --json
 cat "$OUT/rc.txt"

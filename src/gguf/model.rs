@@ -36,6 +36,11 @@ impl<'a> TensorRef<'a> {
         self.file.tensor_bytes(self.info)
     }
 
+    /// The bytes as a handle that outlives the model's borrow.
+    pub fn shared(&self) -> crate::gguf::SharedBytes {
+        self.file.shared_bytes(self.info)
+    }
+
     /// Unmaps this tensor's whole pages from the process (they stay in the page cache).
     pub fn release(&self) {
         self.file.release(self.info)

@@ -10,8 +10,10 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 use serde::Serialize;
+use std::sync::Arc;
 
 use super::error::GgufError;
+use super::storage::{release_range, SharedBytes, Storage};
 use super::types::GgmlType;
 use super::value::{Value, ValueType};
 
@@ -72,21 +74,6 @@ pub struct GgufFile {
     pub file_size: u64,
     meta_index: HashMap<String, usize>,
     data: Storage,
-}
-
-/// Where a file's bytes live once parsed.
-enum Storage {
-    Mapped(Mmap),
-    Owned(Vec<u8>),
-}
-
-impl Storage {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Storage::Mapped(m) => m,
-            Storage::Owned(v) => v,
-        }
-    }
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -164,13 +151,13 @@ impl GgufFile {
         // someone else while mapped is outside what any reader can defend against.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
         let header = parse(path, &mmap, file_size)?;
-        Ok(header.with_storage(Storage::Mapped(mmap)))
+        Ok(header.with_storage(Storage::Mapped(Arc::new(mmap))))
     }
 
     /// Parses a GGUF image held in memory (used by tests and fuzzing); data access works as for files.
     pub fn parse_bytes(path: &Path, bytes: Vec<u8>) -> Result<Self, GgufError> {
         let header = parse(path, &bytes, bytes.len() as u64)?;
-        Ok(header.with_storage(Storage::Owned(bytes)))
+        Ok(header.with_storage(Storage::Owned(Arc::new(bytes))))
     }
 
     pub fn get(&self, key: &str) -> Option<&MetaEntry> {
@@ -203,19 +190,12 @@ impl GgufFile {
     /// Drops a tensor's pages from this process's mapping once a scan is done with them (the page
     /// cache keeps them), so a scan of a 400 GB file does not show 400 GB of resident memory.
     pub fn release(&self, t: &TensorInfo) {
-        if let Storage::Mapped(m) = &self.data {
-            let page = 4096;
-            let start = (t.abs_offset as usize).div_ceil(page) * page;
-            let end = ((t.abs_offset + t.n_bytes) as usize) / page * page;
-            if end > start {
-                // SAFETY: the map is a read-only private file mapping that is never written, so
-                // MADV_DONTNEED only unmaps clean pages; a later access faults them back in from
-                // the file. Whole pages inside this tensor's range only. Advice failure is harmless.
-                let _ = unsafe {
-                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
-                };
-            }
-        }
+        release_range(&self.data, t.abs_offset as usize, t.n_bytes as usize);
+    }
+
+    /// A tensor's bytes as a handle that outlives this borrow (bounds checked at parse time).
+    pub fn shared_bytes(&self, t: &TensorInfo) -> SharedBytes {
+        SharedBytes::new(&self.data, t.abs_offset as usize, t.n_bytes as usize)
     }
 
     /// Byte ranges of the file that hold tensor data, for read-bandwidth-aware scans.

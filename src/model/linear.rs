@@ -4,8 +4,10 @@
 
 use std::sync::Arc;
 
-use candle_core::quantized::QTensor;
-use candle_core::{DType, Result, Tensor};
+use candle_core::quantized::{QStorage, QTensor};
+use candle_core::{DType, Device, Result, Tensor};
+
+use crate::gguf::{GgmlType, SharedBytes};
 
 /// How a quantized weight meets its activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -30,14 +32,126 @@ impl MatmulMode {
     }
 }
 
+/// A quantized `[rows, cols]` matrix (or a stack's slice of one) as the GGUF stores it.
+#[derive(Debug, Clone)]
+pub enum Blocks {
+    /// Uploaded as they are to a device (resident, e.g. in GPU memory).
+    OnDevice(Arc<QTensor>),
+    /// Left in the GGUF's mapping (the CPU): decoded from the mapped pages when used, in row
+    /// chunks of at most [`CHUNK_F32_BYTES`] of f32, so no weight is ever held whole in f32 and the
+    /// process holds no anonymous copy of the blocks.
+    Mapped(MappedBlocks),
+}
+
+/// The f32 a mapped weight is decoded into at once, at most: 256 MiB.
+pub const CHUNK_F32_BYTES: usize = 256 << 20;
+
+/// A matrix's blocks in the GGUF's mapping.
+#[derive(Debug, Clone)]
+pub struct MappedBlocks {
+    pub name: String,
+    pub bytes: SharedBytes,
+    pub dtype: GgmlType,
+    /// `[rows, cols]`.
+    pub shape: [usize; 2],
+}
+
+impl MappedBlocks {
+    /// Rows `start..start + n` as a CPU `QTensor` (the blocks copied out of the mapping).
+    fn rows(&self, start: usize, n: usize) -> Result<QTensor> {
+        let [rows, cols] = self.shape;
+        let row_bytes = self.bytes.len() / rows.max(1);
+        let cd = crate::gguf::dequant::device_blocks(self.dtype).ok_or_else(|| {
+            candle_core::Error::Msg(format!(
+                "{}: {} is not kept as blocks",
+                self.name, self.dtype.name
+            ))
+        })?;
+        let part = self.bytes.slice(start * row_bytes, n * row_bytes);
+        crate::gguf::dequant::with_blocks(&self.name, self.dtype, part.bytes(), |aligned| {
+            QStorage::from_data(std::borrow::Cow::Borrowed(aligned), &Device::Cpu, cd)
+                .and_then(|s| QTensor::new(s, (n, cols)))
+        })
+        .map_err(|e| candle_core::Error::Msg(e.to_string()))?
+    }
+
+    /// Row chunks `(start, n)` whose f32 fits [`CHUNK_F32_BYTES`].
+    fn chunks(&self) -> impl Iterator<Item = (usize, usize)> {
+        let [rows, cols] = self.shape;
+        let per = (CHUNK_F32_BYTES / (cols.max(1) * 4)).max(1);
+        (0..rows).step_by(per).map(move |s| (s, per.min(rows - s)))
+    }
+}
+
+impl Blocks {
+    /// `[rows, cols]`.
+    pub fn dims(&self) -> &[usize] {
+        match self {
+            Blocks::OnDevice(q) => q.shape().dims(),
+            Blocks::Mapped(m) => &m.shape,
+        }
+    }
+
+    /// The whole matrix decoded into `dtype`.
+    pub fn dequantize(&self, dtype: DType) -> Result<Tensor> {
+        match self {
+            Blocks::OnDevice(q) => dequantize(q, dtype),
+            Blocks::Mapped(m) => {
+                let parts = m
+                    .chunks()
+                    .map(|(s, n)| dequantize(&m.rows(s, n)?, dtype))
+                    .collect::<Result<Vec<_>>>()?;
+                Tensor::cat(&parts, 0)
+            }
+        }
+    }
+
+    /// `x · Wᵀ` `[T, rows]` in `x`'s dtype; the weight decoded into `dtype` (dequant) or multiplied
+    /// by the quantized kernels (q8).
+    pub fn matmul(&self, x: &Tensor, dtype: DType, mode: MatmulMode) -> Result<Tensor> {
+        let one = |q: &QTensor| match mode {
+            MatmulMode::Dequant => x.matmul(&dequantize(q, dtype)?.t()?),
+            MatmulMode::Q8 => q8_matmul(q, x),
+        };
+        match self {
+            Blocks::OnDevice(q) => one(q),
+            Blocks::Mapped(m) => {
+                let parts = m
+                    .chunks()
+                    .map(|(s, n)| one(&m.rows(s, n)?))
+                    .collect::<Result<Vec<_>>>()?;
+                match parts.as_slice() {
+                    [only] => Ok(only.clone()),
+                    _ => Tensor::cat(&parts, 1),
+                }
+            }
+        }
+    }
+
+    /// Rows `ids` `[n]` (U32) decoded into `dtype`, `[n, cols]`.
+    pub fn rows(&self, ids: &Tensor, dtype: DType) -> Result<Tensor> {
+        match self {
+            Blocks::OnDevice(q) => q.embedding(ids)?.to_dtype(dtype),
+            Blocks::Mapped(m) => {
+                let rows = ids
+                    .to_vec1::<u32>()?
+                    .into_iter()
+                    .map(|id| dequantize(&m.rows(id as usize, 1)?, dtype))
+                    .collect::<Result<Vec<_>>>()?;
+                Tensor::cat(&rows, 0)?.to_device(ids.device())
+            }
+        }
+    }
+}
+
 /// A weight matrix `[out, in]` (PyTorch order).
 #[derive(Debug, Clone)]
 pub enum Weight {
     /// In the compute dtype (or f32 where the module computes in f32).
     Dense(Tensor),
-    /// The GGUF's blocks on the model's device; `dtype` is the compute dtype they are used in.
+    /// The GGUF's blocks; `dtype` is the compute dtype they are used in.
     Blocks {
-        q: Arc<QTensor>,
+        blocks: Blocks,
         dtype: DType,
         mode: MatmulMode,
     },
@@ -48,7 +162,7 @@ impl Weight {
     pub fn dims(&self) -> &[usize] {
         match self {
             Weight::Dense(t) => t.dims(),
-            Weight::Blocks { q, .. } => q.shape().dims(),
+            Weight::Blocks { blocks, .. } => blocks.dims(),
         }
     }
 
@@ -76,7 +190,7 @@ impl Weight {
     pub fn dense(&self) -> Result<Tensor> {
         match self {
             Weight::Dense(t) => Ok(t.clone()),
-            Weight::Blocks { q, dtype, .. } => dequantize(q, *dtype),
+            Weight::Blocks { blocks, dtype, .. } => blocks.dequantize(*dtype),
         }
     }
 
@@ -85,7 +199,19 @@ impl Weight {
     pub fn rows(&self, ids: &Tensor) -> Result<Tensor> {
         match self {
             Weight::Dense(t) => t.index_select(ids, 0),
-            Weight::Blocks { q, dtype, .. } => q.embedding(ids)?.to_dtype(*dtype),
+            Weight::Blocks { blocks, dtype, .. } => blocks.rows(ids, *dtype),
+        }
+    }
+
+    /// `[T, in]` → `[T, out]` in `x`'s dtype.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Weight::Dense(w) => x.matmul(&w.t()?),
+            Weight::Blocks {
+                blocks,
+                dtype,
+                mode,
+            } => blocks.matmul(x, *dtype, *mode),
         }
     }
 }
@@ -116,19 +242,7 @@ impl Linear {
 
     /// `[T, in]` → `[T, out]` in `x`'s dtype.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match &self.weight {
-            Weight::Dense(w) => x.matmul(&w.t()?),
-            Weight::Blocks {
-                q,
-                dtype,
-                mode: MatmulMode::Dequant,
-            } => x.matmul(&dequantize(q, *dtype)?.t()?),
-            Weight::Blocks {
-                q,
-                mode: MatmulMode::Q8,
-                ..
-            } => q8_matmul(q, x),
-        }
+        self.weight.forward(x)
     }
 }
 
@@ -145,7 +259,6 @@ pub fn q8_matmul(q: &QTensor, x: &Tensor) -> Result<Tensor> {
 mod tests {
     use super::*;
     use candle_core::quantized::GgmlDType;
-    use candle_core::Device;
 
     fn quantized(rows: usize, cols: usize, dtype: GgmlDType) -> Result<(Tensor, Arc<QTensor>)> {
         let dev = Device::Cpu;
@@ -170,7 +283,7 @@ mod tests {
             let want = Linear::new(dense.clone()).forward(&x)?;
             let blocks = |mode| Linear {
                 weight: Weight::Blocks {
-                    q: q.clone(),
+                    blocks: Blocks::OnDevice(q.clone()),
                     dtype: DType::F32,
                     mode,
                 },

@@ -8,7 +8,7 @@ use candle_core::quantized::QTensor;
 use candle_core::{DType, Result, Tensor, D};
 
 use super::capture::{emit, emit_with, Capture};
-use super::linear::{dequantize, q8_matmul, Linear, MatmulMode};
+use super::linear::{dequantize, Blocks, Linear, MatmulMode};
 use super::mlp::Mlp;
 use super::names::SwiGluPaths;
 use super::names::{conv, nth_call, sub};
@@ -116,7 +116,7 @@ pub enum ExpertStack {
     /// dequantized into `dtype` only when the expert has tokens (or, in q8 mode, multiplied by
     /// the quantized kernels): a layer's experts stay at their quantized size.
     Blocks {
-        experts: Vec<Arc<QTensor>>,
+        experts: Vec<Blocks>,
         dtype: DType,
         mode: MatmulMode,
     },
@@ -145,16 +145,15 @@ impl ExpertStack {
     pub fn expert(&self, e: usize) -> Result<Tensor> {
         match self {
             ExpertStack::Dense(t) => t.get(e),
-            ExpertStack::Blocks { dtype, .. } => dequantize(self.block(e)?, *dtype),
+            ExpertStack::Blocks { dtype, .. } => self.block(e)?.dequantize(*dtype),
             ExpertStack::Stacked { q, dtype } => dequantize(q, *dtype)?.get(e),
         }
     }
 
-    fn block(&self, e: usize) -> Result<&QTensor> {
+    fn block(&self, e: usize) -> Result<&Blocks> {
         match self {
             ExpertStack::Blocks { experts, .. } => experts
                 .get(e)
-                .map(|q| q.as_ref())
                 .ok_or_else(|| candle_core::Error::Msg(format!("expert {e} of {}", experts.len()))),
             _ => candle_core::bail!("expert {e} is not held as its own blocks"),
         }
@@ -163,10 +162,7 @@ impl ExpertStack {
     /// Expert `e` applied to its tokens: `xs` `[n, in]` → `[n, out]` in `xs`'s dtype.
     pub fn apply(&self, e: usize, xs: &Tensor) -> Result<Tensor> {
         match self {
-            ExpertStack::Blocks {
-                mode: MatmulMode::Q8,
-                ..
-            } => q8_matmul(self.block(e)?, xs),
+            ExpertStack::Blocks { dtype, mode, .. } => self.block(e)?.matmul(xs, *dtype, *mode),
             _ => xs.matmul(&self.expert(e)?.t()?),
         }
     }

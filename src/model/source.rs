@@ -22,7 +22,7 @@ use crate::dump::{RankDump, RankFile};
 use crate::plan::ShardPlan;
 use crate::weights::Weights;
 
-use super::linear::{Linear, MatmulMode, Weight};
+use super::linear::{Blocks, Linear, MappedBlocks, MatmulMode, Weight};
 use super::moe::ExpertStack;
 use super::ModelError;
 
@@ -48,11 +48,7 @@ pub trait WeightSource {
     /// HF parameter `p` of `layer` as the GGUF's quantized blocks on this source's device, when
     /// this source keeps it so (the unsharded GGUF, a parameter stored as it is in a quantized
     /// type); None: the model takes [`Self::param`]'s f32 tensor.
-    fn blocks(
-        &mut self,
-        _p: Role,
-        _layer: Option<usize>,
-    ) -> Result<Option<Arc<QTensor>>, ModelError> {
+    fn blocks(&mut self, _p: Role, _layer: Option<usize>) -> Result<Option<Blocks>, ModelError> {
         Ok(None)
     }
     /// Layer `layer`'s routed experts of `p` as the GGUF's blocks on this source's device, when
@@ -106,25 +102,22 @@ impl WeightSource for FullSource<'_, '_> {
         }
     }
 
-    fn blocks(
-        &mut self,
-        p: Role,
-        layer: Option<usize>,
-    ) -> Result<Option<Arc<QTensor>>, ModelError> {
+    fn blocks(&mut self, p: Role, layer: Option<usize>) -> Result<Option<Blocks>, ModelError> {
         let Some(t) = self.w.direct(&p.name(layer)?)? else {
             return Ok(None);
         };
-        let q = upload(
+        let shape = t.info.torch_shape();
+        let b = blocks(
             &t.info.name,
             t.info.dtype,
-            t.bytes(),
-            &t.info.torch_shape(),
+            t.shared(),
+            &shape,
             &self.w.device,
         )?;
-        if q.is_some() {
+        if matches!(b, Some(Blocks::OnDevice(_))) {
             t.release();
         }
-        Ok(q.map(Arc::new))
+        Ok(b)
     }
 
     /// The GGUF's expert blocks as they are (uploaded as is; dequantized into the compute dtype,
@@ -148,22 +141,25 @@ impl WeightSource for FullSource<'_, '_> {
             upload(&b.tensor, b.dtype, b.bytes(), &shape, &device)?
                 .map(|q| QuantExperts::Stacked(Arc::new(q)))
         } else {
+            let all = b.shared();
+            let per = all.len() / b.experts.max(1);
             (0..b.experts)
                 .map(|e| {
-                    let bytes = b.expert(e).map_err(crate::weights::WeightError::from)?;
-                    upload(
-                        &format!("{} expert {e}", b.tensor),
+                    // Checks the stack splits into whole experts.
+                    b.expert(e).map_err(crate::weights::WeightError::from)?;
+                    let name = format!("{} expert {e}", b.tensor);
+                    blocks(
+                        &name,
                         b.dtype,
-                        bytes,
+                        all.slice(e * per, per),
                         &b.expert_shape,
                         &device,
                     )
-                    .map(|q| q.map(Arc::new))
                 })
                 .collect::<Result<Option<Vec<_>>, ModelError>>()?
                 .map(QuantExperts::PerExpert)
         };
-        if out.is_some() {
+        if device.is_cuda() && out.is_some() {
             b.release();
         }
         Ok(out)
@@ -173,8 +169,8 @@ impl WeightSource for FullSource<'_, '_> {
 /// Routed experts kept as the GGUF's blocks.
 #[derive(Debug, Clone)]
 pub enum QuantExperts {
-    /// One `[out, in]` tensor per expert.
-    PerExpert(Vec<Arc<QTensor>>),
+    /// One `[out, in]` matrix per expert.
+    PerExpert(Vec<Blocks>),
     /// The `[E, out, in]` stack as one tensor (candle's fused MoE kernel, CUDA only).
     Stacked(Arc<QTensor>),
 }
@@ -183,6 +179,34 @@ pub enum QuantExperts {
 pub(crate) fn fused_moe_type(t: candle_core::quantized::GgmlDType) -> bool {
     use candle_core::quantized::GgmlDType as D;
     matches!(t, D::Q8_0 | D::Q2K | D::Q3K | D::Q4K | D::Q5K | D::Q6K)
+}
+
+/// A quantized matrix `[rows, cols]` kept as blocks: on a CUDA device uploaded as they are
+/// (resident), on the CPU left in the GGUF's mapping and decoded when used. None for float types
+/// and those candle would decode on the host (handed out dense instead).
+fn blocks(
+    name: &str,
+    dtype: crate::gguf::GgmlType,
+    bytes: crate::gguf::SharedBytes,
+    shape: &[usize],
+    device: &Device,
+) -> Result<Option<Blocks>, ModelError> {
+    if device.is_cuda() {
+        let q = upload(name, dtype, bytes.bytes(), shape, device)?;
+        return Ok(q.map(|q| Blocks::OnDevice(Arc::new(q))));
+    }
+    let (Some(_), &[rows, cols]) = (crate::gguf::dequant::device_blocks(dtype), shape) else {
+        return Ok(None);
+    };
+    // Whole blocks, checked once here.
+    crate::gguf::dequant::with_blocks(name, dtype, bytes.bytes(), |_| ())
+        .map_err(crate::weights::WeightError::from)?;
+    Ok(Some(Blocks::Mapped(MappedBlocks {
+        name: name.to_string(),
+        bytes,
+        dtype,
+        shape: [rows, cols],
+    })))
 }
 
 /// `bytes` (whole `dtype` blocks of a tensor of `shape`) as a `QTensor` on `device`, for the
@@ -439,8 +463,8 @@ impl<S: WeightSource + ?Sized> Params<'_, S> {
     /// dtype.
     pub fn weight(&mut self, p: Role, layer: Option<usize>) -> Result<Weight, ModelError> {
         Ok(match self.src.blocks(p, layer)? {
-            Some(q) => Weight::Blocks {
-                q,
+            Some(blocks) => Weight::Blocks {
+                blocks,
                 dtype: self.dtype,
                 mode: self.mode,
             },
@@ -551,7 +575,7 @@ mod tests {
                 let stack = src.param(role, Some(l)).expect("stack");
                 assert_eq!(blocks.len(), c.n_routed_experts, "{stem}");
                 for (e, q) in blocks.iter().enumerate() {
-                    let got = q.dequantize(&Device::Cpu).expect("dequantize");
+                    let got = q.dequantize(DType::F32).expect("dequantize");
                     let want = stack.get(e).expect("expert");
                     let diff = (&got - &want)
                         .and_then(|d| d.abs())
