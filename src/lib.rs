@@ -8,6 +8,7 @@ pub mod arch;
 pub mod cmd;
 pub mod compare;
 pub mod dump;
+pub mod export;
 pub mod faults;
 pub mod forward;
 pub mod fuzzing;

@@ -22,6 +22,7 @@ Examples:
   glmcheck forward fixtures/tiny/tiny-F32.gguf --prompt 'What is 2+2?'
   glmcheck diff ref.safetensors cand.safetensors
   glmcheck synth --dims glm5 --layers 3 --qtype q4_k_m --out /scratch/glm5-3l.gguf
+  glmcheck export fixtures/tiny/tiny-F32.gguf --hf /tmp/tiny-hf --dtype f32
   glmcheck completions bash > /etc/bash_completion.d/glmcheck";
 
 #[derive(Parser)]
@@ -60,6 +61,7 @@ enum Command {
     Forward(cmd::forward::ForwardArgs),
     Diff(cmd::diff::DiffArgs),
     Synth(cmd::synth::SynthArgs),
+    Export(cmd::export::ExportArgs),
     Completions(cmd::completions::CompletionsArgs),
 }
 
@@ -74,6 +76,7 @@ impl Command {
             Command::Forward(a) => a.inputs(),
             Command::Diff(a) => a.inputs(),
             Command::Synth(_) => Vec::new(),
+            Command::Export(a) => a.inputs(),
             Command::Completions(_) => Vec::new(),
         }
     }
@@ -94,6 +97,7 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
         Command::Forward(a) => cmd::forward::run(a, &ctx),
         Command::Diff(a) => cmd::diff::run(a, &ctx),
         Command::Synth(a) => cmd::synth::run(a, &ctx),
+        Command::Export(a) => cmd::export::run(a, &ctx),
         Command::Completions(a) => cmd::completions::run(a, Cli::command()),
     }
 }

@@ -59,12 +59,32 @@ impl<E: std::fmt::Display> std::fmt::Display for AtomicError<E> {
 
 impl<E: std::fmt::Debug + std::fmt::Display> std::error::Error for AtomicError<E> {}
 
-/// Removes the temp files of writes still in flight (for an interrupt handler).
+/// Removes the temp files (and temp directories) of writes still in flight (for an interrupt
+/// handler).
 pub fn remove_pending() {
     if let Ok(p) = PENDING.lock() {
         for t in p.iter() {
-            let _ = std::fs::remove_file(t);
+            if t.is_dir() {
+                let _ = std::fs::remove_dir_all(t);
+            } else {
+                let _ = std::fs::remove_file(t);
+            }
         }
+    }
+}
+
+/// Registers a temp path that a write builds on its own (a whole directory, say): an interrupt
+/// removes it ([`remove_pending`]) until [`forget_pending`] is called.
+pub fn add_pending(tmp: &Path) {
+    if let Ok(mut p) = PENDING.lock() {
+        p.push(tmp.to_path_buf());
+    }
+}
+
+/// Unregisters a temp path of [`add_pending`] (it was renamed into place or removed).
+pub fn forget_pending(tmp: &Path) {
+    if let Ok(mut p) = PENDING.lock() {
+        p.retain(|t| t != tmp);
     }
 }
 
@@ -85,6 +105,19 @@ mod tests {
             Err("interrupted".to_string())
         });
         assert!(r.is_err());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn an_interrupt_removes_a_pending_temp_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let tmp = temp_for(&dir.path().join("out"));
+        std::fs::create_dir(&tmp).unwrap();
+        std::fs::write(tmp.join("model-00001-of-00001.safetensors"), b"half").unwrap();
+        add_pending(&tmp);
+        remove_pending();
+        forget_pending(&tmp);
+        assert!(!tmp.exists(), "the temp directory survived the interrupt");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 

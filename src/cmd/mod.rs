@@ -17,6 +17,7 @@ pub mod completions;
 pub mod dequant;
 pub mod diff;
 mod error;
+pub mod export;
 pub mod forward;
 pub mod inject;
 pub mod inspect;

@@ -40,7 +40,7 @@ pub enum Blocks {
     /// Left in the GGUF's mapping (the CPU): decoded from the mapped pages when used, in row
     /// chunks of at most [`CHUNK_F32_BYTES`] of f32, so no weight is ever held whole in f32 and the
     /// process holds no anonymous copy of the blocks.
-    Mapped(MappedBlocks),
+    Mapped(Box<MappedBlocks>),
 }
 
 /// The f32 a mapped weight is decoded into at once, at most: 256 MiB.

@@ -201,12 +201,12 @@ fn blocks(
     // Whole blocks, checked once here.
     crate::gguf::dequant::with_blocks(name, dtype, bytes.bytes(), |_| ())
         .map_err(crate::weights::WeightError::from)?;
-    Ok(Some(Blocks::Mapped(MappedBlocks {
+    Ok(Some(Blocks::Mapped(Box::new(MappedBlocks {
         name: name.to_string(),
         bytes,
         dtype,
         shape: [rows, cols],
-    })))
+    }))))
 }
 
 /// `bytes` (whole `dtype` blocks of a tensor of `shape`) as a `QTensor` on `device`, for the

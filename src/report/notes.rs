@@ -214,6 +214,50 @@ pub fn matmul_text(m: crate::model::MatmulMode) -> &'static str {
     }
 }
 
+/// `export`'s text: what was written.
+pub fn export_text(r: &crate::export::ExportReport) -> String {
+    let l = &r.layers;
+    let layers = if l.count == l.of {
+        format!("all {} decoder layers", l.of)
+    } else {
+        format!(
+            "decoder layers {}..{} of {} (renumbered 0..{})",
+            l.first,
+            l.last,
+            l.of,
+            l.count - 1
+        )
+    };
+    let shards = r
+        .files
+        .iter()
+        .filter(|f| f.ends_with(".safetensors"))
+        .count();
+    format!(
+        "wrote {} ({} in {:.1} s): {} tensors in {} {} safetensors shard{} with its index and \
+         config.json; {}, MTP layers not exported\n",
+        r.out.display(),
+        crate::report::human_bytes(r.bytes),
+        r.seconds,
+        r.tensors,
+        shards,
+        match r.dtype {
+            crate::export::ExportDtype::Bf16 => "bf16",
+            crate::export::ExportDtype::F32 => "f32",
+        },
+        if shards == 1 { "" } else { "s" },
+        layers
+    )
+}
+
+/// `export -v`: a file of the checkpoint is complete.
+pub fn export_file_note(name: &str, bytes: u64) -> String {
+    format!(
+        "glmcheck: wrote {name} ({})",
+        crate::report::human_bytes(bytes)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,6 +38,13 @@ use super::config::Source;
 pub use check::check;
 pub use read::HfConfig;
 
+/// Every dimension and count transformers' `GlmMoeDsaConfig` declares (the fields compared value
+/// for value), with `c`'s value of it, in the comparison's order: what a config.json written for
+/// `c` must say (`glmcheck export`).
+pub fn declared_dims(c: &crate::arch::Config) -> Vec<(&'static str, usize)> {
+    table::DIMS.iter().map(|d| (d.field, (d.gguf)(c))).collect()
+}
+
 /// Largest config.json read (GLM-5's is 1.6 KiB; one with a quantization block a few KiB).
 pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
