@@ -45,9 +45,10 @@ pub(crate) fn compare_router_ids(
     } else {
         flipped.len() as f64 / n as f64
     };
+    let noise = logits_ok && noise_explains(cx, key, &flipped);
     row.status = if flipped.is_empty() {
         Status::Match
-    } else if logits_ok && frac <= cx.tol.router_flip_max {
+    } else if logits_ok && (frac <= cx.tol.router_flip_max || noise) {
         Status::NearTie
     } else {
         Status::Diverged
@@ -67,6 +68,52 @@ pub(crate) fn compare_router_ids(
     row.router = Some(RouterCmp { tokens: n, flipped });
     row.positions_compared = cx.keep.partial();
     exclude
+}
+
+/// Whether the router-logit noise the comparison measured explains every flipped token: at each,
+/// the candidate's expert scores (sigmoid of the logits) differ from the reference's by at least
+/// half the typical gap between neighbouring scores of that token, so rankings near the top-k
+/// boundary move by noise alone. A broken selection (correction bias, top-k method, gating
+/// function) flips experts while the logits agree far more closely than that, and is not excused.
+fn noise_explains(cx: &Ctx, key: &str, flipped: &[usize]) -> bool {
+    let Some(logits) = cx.graph.router_of(key) else {
+        return false;
+    };
+    let (Some(r), Some(c)) = (
+        cx.reference.tensors.get(logits),
+        cx.cand.tensors.get(logits),
+    ) else {
+        return false;
+    };
+    let (Some(rv), Some(cv)) = (r.f32(), c.f32()) else {
+        return false;
+    };
+    let e = match r.shape.as_slice() {
+        [t, e] if *t == cx.t && r.shape == c.shape && *e > 1 => *e,
+        _ => return false,
+    };
+    let sig = |x: f32| 1.0 / (1.0 + (-f64::from(x)).exp());
+    !flipped.is_empty()
+        && flipped.iter().all(|&i| {
+            let (Some(ri), Some(ci)) = (rv.get(i * e..(i + 1) * e), cv.get(i * e..(i + 1) * e))
+            else {
+                return false;
+            };
+            let rs: Vec<f64> = ri.iter().map(|&x| sig(x)).collect();
+            let noise = (rs
+                .iter()
+                .zip(ci)
+                .map(|(a, &b)| (sig(b) - a).powi(2))
+                .sum::<f64>()
+                / e as f64)
+                .sqrt();
+            let mut sorted = rs.clone();
+            sorted.sort_by(f64::total_cmp);
+            let mut gaps: Vec<f64> = sorted.windows(2).map(|w| w[1] - w[0]).collect();
+            gaps.sort_by(f64::total_cmp);
+            let typical = gaps[gaps.len() / 2];
+            noise > 0.0 && noise >= 0.5 * typical
+        })
 }
 
 /// Router weights `[T, k]`, each paired with its expert id by the dump's own ids (the slot order

@@ -58,32 +58,53 @@ pub fn decode_on(device: &Device, t: TensorRef<'_>, repeat: usize) -> DeviceDeco
     row
 }
 
-/// Best decode and best copy time, seconds.
+/// The most elements one decode is given: candle's CUDA decode kernels index with 32-bit ints, so
+/// a larger tensor (a GLM-5 expert stack: 3.2 G elements) is decoded in row parts.
+const PART_ELEMENTS: usize = 1 << 30;
+
+/// Best decode and best copy time, seconds, of the whole tensor (decoded part after part).
 fn timed(device: &Device, t: TensorRef<'_>, repeat: usize) -> Result<(f64, f64), String> {
     let i = t.info;
     let dtype = super::dequant::device_blocks(i.dtype)
         .ok_or_else(|| format!("{} is not decoded on the device", i.dtype.name))?;
     let shape = i.torch_shape();
-    let q = super::dequant::with_blocks(&i.name, i.dtype, t.bytes(), |aligned| {
-        QStorage::from_data(std::borrow::Cow::Borrowed(aligned), device, dtype)
-            .and_then(|s| QTensor::new(s, shape.as_slice()))
-    })
-    .map_err(|e| e.to_string())?
-    .map_err(|e| e.to_string())?;
-    let best = |f: &dyn Fn() -> candle_core::Result<Tensor>| -> Result<f64, String> {
+    let cols = shape.last().copied().unwrap_or(1).max(1);
+    let rows = (i.n_elements() as usize) / cols;
+    let row_bytes = t.bytes().len() / rows.max(1);
+    let per = (PART_ELEMENTS / cols).max(1);
+    let parts = (0..rows)
+        .step_by(per)
+        .map(|s| {
+            let n = per.min(rows - s);
+            let bytes = &t.bytes()[s * row_bytes..(s + n) * row_bytes];
+            super::dequant::with_blocks(&i.name, i.dtype, bytes, |aligned| {
+                QStorage::from_data(std::borrow::Cow::Borrowed(aligned), device, dtype)
+                    .and_then(|st| QTensor::new(st, (n, cols)))
+            })
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let best = |f: &dyn Fn(usize) -> candle_core::Result<Tensor>| -> Result<f64, String> {
         let mut best = f64::INFINITY;
         for _ in 0..repeat {
             let start = Instant::now();
-            let out = f().map_err(|e| e.to_string())?;
-            device.synchronize().map_err(|e| e.to_string())?;
+            for p in 0..parts.len() {
+                let out = f(p).map_err(|e| e.to_string())?;
+                device.synchronize().map_err(|e| e.to_string())?;
+                drop(out);
+            }
             best = best.min(start.elapsed().as_secs_f64());
-            drop(out);
         }
         Ok(best)
     };
-    let decode = best(&|| q.dequantize(device))?;
-    let out = q.dequantize(device).map_err(|e| e.to_string())?;
-    let copy = best(&|| out.copy())?;
+    let decode = best(&|p| parts[p].dequantize(device))?;
+    let outs = parts
+        .iter()
+        .map(|q| q.dequantize(device))
+        .collect::<candle_core::Result<Vec<_>>>()
+        .map_err(|e| e.to_string())?;
+    let copy = best(&|p| outs[p].copy())?;
     Ok((decode, copy))
 }
 
