@@ -8,7 +8,7 @@ use candle_core::quantized::QTensor;
 use candle_core::{DType, Result, Tensor, D};
 
 use super::capture::{emit, emit_with, Capture};
-use super::linear::{dequantize, Blocks, Linear, MatmulMode};
+use super::linear::{Blocks, Linear, MatmulMode};
 use super::mlp::Mlp;
 use super::names::SwiGluPaths;
 use super::names::{conv, nth_call, sub};
@@ -146,7 +146,11 @@ impl ExpertStack {
         match self {
             ExpertStack::Dense(t) => t.get(e),
             ExpertStack::Blocks { dtype, .. } => self.block(e)?.dequantize(*dtype),
-            ExpertStack::Stacked { q, dtype } => dequantize(q, *dtype)?.get(e),
+            // Only the fused kernel reads a stacked tensor; decoding the whole stack for one
+            // expert would hold it in f32 (a GLM-5 stack: 12.9 GB).
+            ExpertStack::Stacked { .. } => {
+                candle_core::bail!("expert {e} of a stacked tensor: only the fused kernel reads it")
+            }
         }
     }
 
@@ -188,10 +192,28 @@ impl Experts {
         vb: &mut Params<S>,
         path: String,
     ) -> std::result::Result<Self, ModelError> {
+        let roles = [Role::ExpertGate, Role::ExpertUp, Role::ExpertDown];
+        let mut stacks = roles
+            .iter()
+            .map(|&r| vb.experts(r, l))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        // The fused kernel needs all three stacks; a layer where one type cannot be fused holds
+        // all three per expert (a stack is never dequantized whole).
+        let fused = |s: &ExpertStack| matches!(s, ExpertStack::Stacked { .. });
+        if stacks.iter().any(fused) && !stacks.iter().all(fused) {
+            for (s, &r) in stacks.iter_mut().zip(&roles) {
+                if fused(s) {
+                    *s = vb.experts_as(r, l, false)?;
+                }
+            }
+        }
+        let [gate, up, down]: [ExpertStack; 3] = stacks
+            .try_into()
+            .map_err(|_| ModelError::NameTable("three expert stacks".into()))?;
         Ok(Experts {
-            gate: vb.experts(Role::ExpertGate, l)?,
-            up: vb.experts(Role::ExpertUp, l)?,
-            down: vb.experts(Role::ExpertDown, l)?,
+            gate,
+            up,
+            down,
             path,
         })
     }

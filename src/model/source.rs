@@ -175,10 +175,13 @@ pub enum QuantExperts {
     Stacked(Arc<QTensor>),
 }
 
-/// The types candle's `indexed_moe_forward` kernel takes.
+/// The types candle's `indexed_moe_forward` kernel computes correctly: the k-quants. It also takes
+/// Q8_0, but candle 0.11.1 strides from one expert to the next by `n·k / QK_K` blocks whatever the
+/// type (`quantized.cu`, `indexed_moe_forward`), which is wrong for Q8_0's 32-element blocks: on the
+/// Q8_0 fixture its experts diverged (rel-L2 1.4) on an H200. Q8_0 stacks stay per expert.
 pub(crate) fn fused_moe_type(t: candle_core::quantized::GgmlDType) -> bool {
     use candle_core::quantized::GgmlDType as D;
-    matches!(t, D::Q8_0 | D::Q2K | D::Q3K | D::Q4K | D::Q5K | D::Q6K)
+    matches!(t, D::Q2K | D::Q3K | D::Q4K | D::Q5K | D::Q6K)
 }
 
 /// A quantized matrix `[rows, cols]` kept as blocks: on a CUDA device uploaded as they are
@@ -446,8 +449,18 @@ impl<S: WeightSource + ?Sized> Params<'_, S> {
     /// kernels), else the f32 stack in the compute dtype. In q8 mode on CUDA the stack is one
     /// tensor for candle's fused MoE kernel.
     pub fn experts(&mut self, p: Role, l: usize) -> Result<ExpertStack, ModelError> {
+        let stacked = self.mode == MatmulMode::Q8 && self.src.device().is_cuda();
+        self.experts_as(p, l, stacked)
+    }
+
+    /// Layer `l`'s routed experts of `p`, as one stack for the fused kernel only if `stacked`.
+    pub fn experts_as(
+        &mut self,
+        p: Role,
+        l: usize,
+        stacked: bool,
+    ) -> Result<ExpertStack, ModelError> {
         let (dtype, mode) = (self.dtype, self.mode);
-        let stacked = mode == MatmulMode::Q8 && self.src.device().is_cuda();
         Ok(match self.src.expert_blocks(p, l, stacked)? {
             Some(QuantExperts::PerExpert(experts)) => ExpertStack::Blocks {
                 experts,
