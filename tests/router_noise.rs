@@ -93,10 +93,11 @@ fn diff(dir: &Path, cand: (&[f32], &[i64]), reference: (&[f32], &[i64])) -> (i32
         "0.6",
         "--router-flips",
         "0.3",
+        "--json",
     ]);
     (
         out.status.code().unwrap_or(-1),
-        format!("{}{}", common::stdout(&out), common::stderr(&out)),
+        format!("{}\n---\n{}", common::stdout(&out), common::stderr(&out)),
     )
 }
 
@@ -122,6 +123,10 @@ fn noise_sized_flips_pass_and_a_broken_bias_is_still_named() {
     );
     let (rc, text) = diff(dir.path(), (&noisy, &noisy_ids), (&logits, &ids));
     assert_eq!(rc, 0, "noise-sized flips are not a divergence:\n{text}");
+    // ... and the flipped tokens stay in the comparison (a pass is not earned on the few left).
+    let v: serde_json::Value =
+        serde_json::from_str(text.split("\n---\n").next().unwrap_or("")).expect("--json on stdout");
+    assert_eq!(v["exclusions"], serde_json::json!([]), "{text}");
 
     // The same logits (to f32 rounding) and a bias rounded to one decimal: experts flip with no
     // noise to explain it.

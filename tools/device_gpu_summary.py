@@ -177,12 +177,11 @@ def main():
     hf_runs = {r["seq"]: r for r in (hf or {}).get("runs", []) if "seq" in r}
     inspect, _ = first(dirs, "inspect.json")
     synth, _ = first(dirs, "synth.json")
-    ref, ref_dir, ref_mode = None, None, None
+    refs = {}
     for mode in ("dequant", "default", "q8"):
-        ref, ref_dir = first(dirs, f"cuda-bf16-{mode}-16-vs-hf.json")
-        if ref is not None:
-            ref_mode = mode
-            break
+        r, _ = first(dirs, f"cuda-bf16-{mode}-16-vs-hf.json")
+        if r is not None:
+            refs[mode] = r
     lb, _ = first(dirs, "llama-bench.json")
     lbm = llama_ms(lb)
     deq, _ = first(dirs, "dequant-cuda.json")
@@ -193,22 +192,23 @@ def main():
     elif deq and deq.get("copy_gbps") is not None:
         copy_rw, copy_src = deq["copy_gbps"], "glmcheck dequant copy_gbps (its own convention)"
 
-    # reference agreement (one run: 16 tokens, bf16)
-    agree = None
-    if ref and ref.get("modules") is not None:
+    # reference agreement (16 tokens, bf16), per matmul mode
+    def agreement(ref, mode):
         mods = [m for m in ref["modules"] if m.get("rel_l2") is not None]
         main_mods = [m for m in mods if not m.get("aux")] or mods
         worst = max(main_mods, key=lambda m: m["rel_l2"]) if main_mods else None
         lg = ref.get("logits") or {}
-        agree = {"verdict": ref.get("verdict"), "modules_compared": len(main_mods),
-                 "aux_compared": len(mods) - len(main_mods),
-                 "worst_module": worst["name"] if worst else None,
-                 "max_module_rel_l2": worst["rel_l2"] if worst else None,
-                 "kl_mean": lg.get("kl_mean"), "kl_max": lg.get("kl_max"),
-                 "top1": f'{lg.get("top1_agree_count")}/{lg.get("positions")}' if lg else None,
-                 "first_divergence": ref.get("first_divergence"),
-                 "tolerances": (ref.get("comparison") or {}).get("tolerances"),
-                 "matmul": ref_mode}
+        return {"verdict": ref.get("verdict"), "modules_compared": len(main_mods),
+                "aux_compared": len(mods) - len(main_mods),
+                "worst_module": worst["name"] if worst else None,
+                "max_module_rel_l2": worst["rel_l2"] if worst else None,
+                "kl_mean": lg.get("kl_mean"), "kl_max": lg.get("kl_max"),
+                "top1": f'{lg.get("top1_agree_count")}/{lg.get("positions")}' if lg else None,
+                "first_divergence": ref.get("first_divergence"),
+                "tolerances": (ref.get("comparison") or {}).get("tolerances"),
+                "matmul": mode}
+    agrees = {m: agreement(r, m) for m, r in refs.items() if r.get("modules") is not None}
+    agree = agrees.get("dequant") or agrees.get("default") or agrees.get("q8")
 
     all_spans, all_rcs, all_lines = {}, {}, {}
     for d in dirs:
@@ -247,13 +247,20 @@ def main():
                 "bound_bytes": nb, "bound_basis": basis if nb is not None else None,
                 "glmcheck_verdict": g.get("verdict") if g else None,
             }
-            if agree and seq == 16 and mode == agree["matmul"]:
-                row["max_module_rel_l2"] = agree["max_module_rel_l2"]
-                row["logits_kl"] = agree["kl_mean"]
+            if seq == 16 and mode in agrees:
+                row["max_module_rel_l2"] = agrees[mode]["max_module_rel_l2"]
+                row["logits_kl"] = agrees[mode]["kl_mean"]
             runs.append(row)
 
     dequant = []
-    if deq and deq.get("tensors"):
+    if deq and deq.get("types"):
+        # glmcheck's own per-type sums: (bytes read + written) / time, and its device copy of the
+        # same output in the same run
+        for t in deq["types"]:
+            dequant.append({"qtype": t["dtype"], "gb_per_s": t["gbps"], "copy_gb_per_s": t["copy_gbps"],
+                            "tensors": t["tensors"], "field": "types.gbps",
+                            "quantized_bytes_gb_per_s": None})
+    elif deq and deq.get("tensors"):
         by = {}
         for t in deq["tensors"]:
             by.setdefault(t.get("dtype"), []).append(t)
@@ -287,7 +294,7 @@ def main():
                                 "load_seconds", "loading_info", "gpu_bytes_after_load", "peak_gpu_bytes", "error")},
               "copy": {"gb_per_s_read_plus_write": copy_rw, "source": copy_src,
                        "detail": (hf or {}).get("copy")},
-              "reference_agreement": agree,
+              "reference_agreement": agree, "reference_agreement_by_matmul": agrees,
               "hf_dump": (hf or {}).get("dump"),
               "llamacpp": {"per_seq": lbm, "flash_attn": (lb or [{}])[0].get("flash_attn") if lb else None,
                            "backends": (lb or [{}])[0].get("backends") if lb else None,
@@ -344,13 +351,29 @@ def main():
              + (f"; {hf['copy']['bytes'] / 2**30:.0f} GiB, one-way {hf['copy']['copy_gbps_oneway']:.0f} GB/s" if hf and hf.get("copy") else "")
              + "). The issue's reference figure: 4.12 TB/s.")
     L += ["", "## glmcheck against transformers, module by module (16 tokens, bf16)", ""]
-    if agree:
+    for agree in agrees.values():
         L.append(f"- `glmcheck forward --dtype bf16 --matmul {agree['matmul']} --reference <hf_bench dump>`: verdict: {agree['verdict']}; {agree['modules_compared']} modules (+{agree['aux_compared']} auxiliary), "
                  f"worst {agree['worst_module']} rel-L2 {fmt(agree['max_module_rel_l2'], '.2e')}; logits KL mean "
                  f"{fmt(agree['kl_mean'], '.2e')}, max {fmt(agree['kl_max'], '.2e')}; top-1 {agree['top1']}; "
                  f"first divergence: {json.dumps(agree['first_divergence'])}; tolerances: {json.dumps(agree['tolerances'])}")
-    else:
+    # tools/device_q8_check.sh: q8 against the dequant forward of the same file, same GPU
+    for dt in ("f32", "bf16"):
+        q, _ = first(dirs, f"q8-vs-dequant-{dt}.json")
+        if q and q.get("modules") is not None:
+            a8 = agreement(q, "q8")
+            L.append(f"- `glmcheck forward --dtype {dt} --matmul q8 --reference <glmcheck --matmul dequant dump>` "
+                     f"(tools/device_q8_check.sh): verdict: {a8['verdict']}; worst {a8['worst_module']} rel-L2 "
+                     f"{fmt(a8['max_module_rel_l2'], '.2e')}; logits KL mean {fmt(a8['kl_mean'], '.2e')}, max "
+                     f"{fmt(a8['kl_max'], '.2e')}; top-1 {a8['top1']}; bounds: {json.dumps(a8['tolerances'])}")
+    if not agrees:
         L.append("- not measured (no `cuda-bf16-*-16-vs-hf.json`)")
+    commits = []
+    for d in dirs:
+        m = re.search(r"^commit=(\S+)", text(os.path.join(d, "env.txt")) or "", re.M)
+        if m:
+            commits.append(f"`{os.path.basename(d)}`: {m.group(1)}")
+    if commits:
+        L += ["", "Commits of the result dirs: " + ", ".join(commits) + "."]
     L += ["", "## GPU dequantization throughput per quant type (`glmcheck dequant --device cuda --repeat 5`)", ""]
     if dequant:
         L += ["| qtype | tensors | GB/s (field) | quantized bytes GB/s | copy GB/s (glmcheck) |", "|---|---|---|---|---|"]
