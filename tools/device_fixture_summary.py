@@ -28,14 +28,21 @@ def worst_float(d):
 
 gpu = open(os.path.join(out, "gpu.txt")).read().strip() if os.path.exists(os.path.join(out, "gpu.txt")) else "?"
 runs = []
-diff = load("diff-cpu-cuda")
-if diff:
-    runs.append({"run": "cuda f32 vs cpu f32 (same binary, diff --rel-l2 1e-5)", "verdict": diff.get("verdict"),
+for q in ("", "-Q4_K_M", "-Q8_0"):
+    diff = load("diff-cpu-cuda" + q)
+    if not diff:
+        continue
+    what = "f32" if not q else f"f32, {q[1:]} GGUF (blocks on the GPU, --matmul dequant)"
+    runs.append({"run": f"cuda {what} vs cpu (same binary, diff --rel-l2 1e-5)", "verdict": diff.get("verdict"),
                  "max_module_rel_l2": max((m.get("rel_l2") or 0) for m in diff.get("modules", [])),
                  "logits_kl_mean": (diff.get("logits") or {}).get("kl_mean"),
                  "logits_kl_max": (diff.get("logits") or {}).get("kl_max")})
 for name, what in [("cuda-ref", "cuda f32 vs transformers f32"), ("cuda-bf16-ref", "cuda bf16 vs transformers f32"),
-                   ("cuda-q4-ref", "cuda f32, Q4_K_M GGUF vs transformers f32"), ("cuda-tp8", "cuda f32 tp=8 vs unsharded")]:
+                   ("cuda-q4-ref", "cuda f32, Q4_K_M GGUF vs transformers f32"), ("cuda-tp8", "cuda f32 tp=8 vs unsharded"),
+                   ("cuda-q8-Q4_K_M", "cuda f32 --matmul q8, Q4_K_M GGUF vs the cpu dequant dump (same-gguf bounds)"),
+                   ("cuda-q8-Q4_K_M-ref", "cuda f32 --matmul q8, Q4_K_M GGUF vs transformers f32"),
+                   ("cuda-q8-Q8_0", "cuda f32 --matmul q8, Q8_0 GGUF vs the cpu dequant dump (same-gguf bounds)"),
+                   ("cuda-q8-Q8_0-ref", "cuda f32 --matmul q8, Q8_0 GGUF vs transformers f32")]:
     d = load(name)
     if d is None:
         runs.append({"run": what, "verdict": "failed (no JSON; see the .err file)"})

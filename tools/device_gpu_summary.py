@@ -140,6 +140,7 @@ def main():
     ap.add_argument("dirs", nargs="+")
     ap.add_argument("--commit")
     ap.add_argument("--date")
+    ap.add_argument("--note", action="append", default=[], help="a line for the report's notes (repeatable)")
     ap.add_argument("--out-dir", default="reports")
     a = ap.parse_args()
     dirs = a.dirs
@@ -299,7 +300,7 @@ def main():
               "llamacpp": {"per_seq": lbm, "flash_attn": (lb or [{}])[0].get("flash_attn") if lb else None,
                            "backends": (lb or [{}])[0].get("backends") if lb else None,
                            "gpu_info": (lb or [{}])[0].get("gpu_info") if lb else None},
-              "wall_s": all_spans, "notes_from_times": all_lines}
+              "wall_s": all_spans, "notes_from_times": all_lines, "notes": a.note}
     os.makedirs(a.out_dir, exist_ok=True)
     with open(os.path.join(a.out_dir, "gpu.json"), "w") as f:
         json.dump(report, f, indent=1)
@@ -412,6 +413,8 @@ def main():
           "- One device run per phase: no run-to-run spread. Random weights: routing is not a trained model's.",
           "- Decode (`-n`, KV cache) is not measured; prefill only.",
           ]
+    if a.note:
+        L += ["", "## Notes on this run", ""] + [f"- {n}" for n in a.note]
     with open(os.path.join(a.out_dir, "gpu.md"), "w") as f:
         f.write("\n".join(L) + "\n")
     print("\n".join(L))
