@@ -128,6 +128,14 @@ fn noise_sized_flips_pass_and_a_broken_bias_is_still_named() {
         serde_json::from_str(text.split("\n---\n").next().unwrap_or("")).expect("--json on stdout");
     assert_eq!(v["exclusions"], serde_json::json!([]), "{text}");
 
+    // The same noisy logits with the correction bias dropped: as many flips, and the noise does not
+    // excuse them (an expert swapped in gained less score than the one it replaced).
+    let unbiased_ids = choose(&noisy, &vec![0.0; E]);
+    assert!(flipped(&ids, &unbiased_ids) * 10 > T * 3);
+    let (rc, text) = diff(dir.path(), (&noisy, &unbiased_ids), (&logits, &ids));
+    assert_eq!(rc, 1, "a dropped bias under noise must diverge:\n{text}");
+    assert!(text.contains("e_score_correction_bias"), "{text}");
+
     // The same logits (to f32 rounding) and a bias rounded to one decimal: experts flip with no
     // noise to explain it.
     let same: Vec<f32> = logits.iter().map(|&x| x + 1e-7 * x.signum()).collect();

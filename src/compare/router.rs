@@ -49,7 +49,7 @@ pub(crate) fn compare_router_ids(
     // noise explains are noise: the tokens stay compared, at bounds that already allow for it
     // (excluding them would earn a pass on a handful of positions).
     let few = logits_ok && frac <= cx.tol.router_flip_max;
-    let noise = logits_ok && !few && noise_explains(cx, key, &flipped);
+    let noise = logits_ok && !few && noise_explains(cx, key, &flipped, (&rr, &cr));
     row.status = if flipped.is_empty() {
         Status::Match
     } else if few || noise {
@@ -74,12 +74,15 @@ pub(crate) fn compare_router_ids(
     exclude
 }
 
-/// Whether the router-logit noise the comparison measured explains every flipped token: at each,
-/// the candidate's expert scores (sigmoid of the logits) differ from the reference's by at least
-/// half the typical gap between neighbouring scores of that token, so rankings near the top-k
-/// boundary move by noise alone. A broken selection (correction bias, top-k method, gating
-/// function) flips experts while the logits agree far more closely than that, and is not excused.
-fn noise_explains(cx: &Ctx, key: &str, flipped: &[usize]) -> bool {
+/// Whether the router-logit noise the comparison measured explains every flipped token. Two tests,
+/// both at every flipped token:
+/// - the noise is large enough: the candidate's expert scores (sigmoid of the logits) differ from
+///   the reference's by at least half the typical gap between neighbouring scores of that token;
+/// - the flip is one the noise made: with the same correction bias and the same selection rule on
+///   both sides, an expert the candidate swapped in (b) over one it dropped (a) must have gained at
+///   least as much score: Δ_b ≥ Δ_a, Δ = score_cand − score_ref (the bias cancels). A dropped or
+///   rounded bias, another gating function or top-k method breaks this even under noise.
+fn noise_explains(cx: &Ctx, key: &str, flipped: &[usize], ids: (&[Vec<i64>], &[Vec<i64>])) -> bool {
     let Some(logits) = cx.graph.router_of(key) else {
         return false;
     };
@@ -104,19 +107,25 @@ fn noise_explains(cx: &Ctx, key: &str, flipped: &[usize]) -> bool {
                 return false;
             };
             let rs: Vec<f64> = ri.iter().map(|&x| sig(x)).collect();
-            let noise = (rs
-                .iter()
-                .zip(ci)
-                .map(|(a, &b)| (sig(b) - a).powi(2))
-                .sum::<f64>()
-                / e as f64)
-                .sqrt();
+            let delta: Vec<f64> = rs.iter().zip(ci).map(|(a, &b)| sig(b) - a).collect();
+            let noise = (delta.iter().map(|d| d * d).sum::<f64>() / e as f64).sqrt();
             let mut sorted = rs.clone();
             sorted.sort_by(f64::total_cmp);
             let mut gaps: Vec<f64> = sorted.windows(2).map(|w| w[1] - w[0]).collect();
             gaps.sort_by(f64::total_cmp);
             let typical = gaps[gaps.len() / 2];
-            noise > 0.0 && noise >= 0.5 * typical
+            let (Some(rr), Some(cr)) = (ids.0.get(i), ids.1.get(i)) else {
+                return false;
+            };
+            let at = |x: &i64| usize::try_from(*x).ok().and_then(|x| delta.get(x).copied());
+            let gained: Option<Vec<f64>> = cr.iter().filter(|x| !rr.contains(x)).map(at).collect();
+            let lost: Option<Vec<f64>> = rr.iter().filter(|x| !cr.contains(x)).map(at).collect();
+            let (Some(gained), Some(lost)) = (gained, lost) else {
+                return false;
+            };
+            let min_gained = gained.iter().copied().fold(f64::INFINITY, f64::min);
+            let max_lost = lost.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            noise > 0.0 && noise >= 0.5 * typical && min_gained >= max_lost - 1e-6
         })
 }
 

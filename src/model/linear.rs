@@ -54,6 +54,8 @@ pub struct MappedBlocks {
     pub dtype: GgmlType,
     /// `[rows, cols]`.
     pub shape: [usize; 2],
+    /// The f32 decoded at once, at most, bytes ([`CHUNK_F32_BYTES`]).
+    pub chunk: usize,
 }
 
 impl MappedBlocks {
@@ -61,12 +63,18 @@ impl MappedBlocks {
     fn rows(&self, start: usize, n: usize) -> Result<QTensor> {
         let [rows, cols] = self.shape;
         let row_bytes = self.bytes.len() / rows.max(1);
-        let cd = crate::gguf::dequant::device_blocks(self.dtype).ok_or_else(|| {
-            candle_core::Error::Msg(format!(
-                "{}: {} is not kept as blocks",
-                self.name, self.dtype.name
-            ))
-        })?;
+        let bad = |why: String| candle_core::Error::Msg(format!("{}: {why}", self.name));
+        if row_bytes * rows != self.bytes.len() {
+            return Err(bad(format!(
+                "{} bytes are not {rows} equal rows",
+                self.bytes.len()
+            )));
+        }
+        if start.checked_add(n).is_none_or(|end| end > rows) {
+            return Err(bad(format!("rows {start}..{start}+{n} of {rows}")));
+        }
+        let cd = crate::gguf::dequant::device_blocks(self.dtype)
+            .ok_or_else(|| bad(format!("{} is not kept as blocks", self.dtype.name)))?;
         let part = self.bytes.slice(start * row_bytes, n * row_bytes);
         crate::gguf::dequant::with_blocks(&self.name, self.dtype, part.bytes(), |aligned| {
             QStorage::from_data(std::borrow::Cow::Borrowed(aligned), &Device::Cpu, cd)
@@ -75,10 +83,10 @@ impl MappedBlocks {
         .map_err(|e| candle_core::Error::Msg(e.to_string()))?
     }
 
-    /// Row chunks `(start, n)` whose f32 fits [`CHUNK_F32_BYTES`].
+    /// Row chunks `(start, n)` whose f32 fits `self.chunk` bytes.
     fn chunks(&self) -> impl Iterator<Item = (usize, usize)> {
         let [rows, cols] = self.shape;
-        let per = (CHUNK_F32_BYTES / (cols.max(1) * 4)).max(1);
+        let per = (self.chunk / (cols.max(1) * 4)).max(1);
         (0..rows).step_by(per).map(move |s| (s, per.min(rows - s)))
     }
 }
@@ -257,6 +265,74 @@ pub fn q8_matmul(q: &QTensor, x: &Tensor) -> Result<Tensor> {
 
 #[cfg(test)]
 mod tests {
+    /// Mapped blocks decoded in chunks of a few rows equal the same blocks uploaded whole, for
+    /// every use: decode, both matmul modes, row lookups.
+    #[test]
+    fn mapped_chunks_equal_the_whole_tensor() -> Result<()> {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny/tiny-Q4_K_M.gguf");
+        let image = std::fs::read(&path)?;
+        let file = crate::gguf::GgufFile::parse_bytes(&path, image)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        let mut checked = 0;
+        for info in file.tensors.iter().filter(|t| t.torch_shape().len() == 2) {
+            let Some(cd) = crate::gguf::dequant::device_blocks(info.dtype) else {
+                continue;
+            };
+            let shape = info.torch_shape();
+            let (rows, cols) = (shape[0], shape[1]);
+            let bytes = file.shared_bytes(info);
+            let q = Arc::new(QTensor::new(
+                QStorage::from_data(std::borrow::Cow::Borrowed(bytes.bytes()), &Device::Cpu, cd)?,
+                (rows, cols),
+            )?);
+            // 3 rows per chunk: the last chunk is short whenever rows % 3 != 0.
+            let mapped = Blocks::Mapped(Box::new(MappedBlocks {
+                name: info.name.clone(),
+                bytes,
+                dtype: info.dtype,
+                shape: [rows, cols],
+                chunk: 3 * cols * 4,
+            }));
+            let whole = Blocks::OnDevice(q);
+            let x = Tensor::randn(0f32, 1.0, (4, cols), &Device::Cpu)?;
+            // Decoding is exact; a dequant product over row chunks may round differently from
+            // the whole GEMM (its blocking), to f32 precision; candle's CPU q8 kernels pick their
+            // path by shape (repacked or not), so chunks differ from the whole by 8-bit noise.
+            let same = |a: Tensor, b: Tensor, what: &str| -> Result<()> {
+                let rel = rel_l2(&a, &b)?;
+                let bound = match what {
+                    "decode" | "rows" => 0.0,
+                    "q8" => 2e-2,
+                    _ => 1e-6,
+                };
+                assert!(rel <= bound, "{} {what}: rel-L2 {rel}", info.name);
+                Ok(())
+            };
+            same(
+                mapped.dequantize(DType::F32)?,
+                whole.dequantize(DType::F32)?,
+                "decode",
+            )?;
+            for mode in [MatmulMode::Dequant, MatmulMode::Q8] {
+                same(
+                    mapped.matmul(&x, DType::F32, mode)?,
+                    whole.matmul(&x, DType::F32, mode)?,
+                    mode.name(),
+                )?;
+            }
+            let ids = Tensor::new(&[0u32, (rows - 1) as u32, 1], &Device::Cpu)?;
+            same(
+                mapped.rows(&ids, DType::F32)?,
+                whole.rows(&ids, DType::F32)?,
+                "rows",
+            )?;
+            checked += 1;
+        }
+        assert!(checked > 10, "{checked} quantized matrices");
+        Ok(())
+    }
+
     use super::*;
     use candle_core::quantized::GgmlDType;
 

@@ -209,6 +209,7 @@ fn blocks(
         bytes,
         dtype,
         shape: [rows, cols],
+        chunk: super::linear::CHUNK_F32_BYTES,
     }))))
 }
 
