@@ -64,27 +64,7 @@ const PART_ELEMENTS: usize = 1 << 30;
 
 /// Best decode and best copy time, seconds, of the whole tensor (decoded part after part).
 fn timed(device: &Device, t: TensorRef<'_>, repeat: usize) -> Result<(f64, f64), String> {
-    let i = t.info;
-    let dtype = super::dequant::device_blocks(i.dtype)
-        .ok_or_else(|| format!("{} is not decoded on the device", i.dtype.name))?;
-    let shape = i.torch_shape();
-    let cols = shape.last().copied().unwrap_or(1).max(1);
-    let rows = (i.n_elements() as usize) / cols;
-    let row_bytes = t.bytes().len() / rows.max(1);
-    let per = (PART_ELEMENTS / cols).max(1);
-    let parts = (0..rows)
-        .step_by(per)
-        .map(|s| {
-            let n = per.min(rows - s);
-            let bytes = &t.bytes()[s * row_bytes..(s + n) * row_bytes];
-            super::dequant::with_blocks(&i.name, i.dtype, bytes, |aligned| {
-                QStorage::from_data(std::borrow::Cow::Borrowed(aligned), device, dtype)
-                    .and_then(|st| QTensor::new(st, (n, cols)))
-            })
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())
-        })
-        .collect::<Result<Vec<_>, String>>()?;
+    let parts = parts(device, t, PART_ELEMENTS)?;
     let best = |f: &dyn Fn(usize) -> candle_core::Result<Tensor>| -> Result<f64, String> {
         let mut best = f64::INFINITY;
         for _ in 0..repeat {
@@ -106,6 +86,31 @@ fn timed(device: &Device, t: TensorRef<'_>, repeat: usize) -> Result<(f64, f64),
         .map_err(|e| e.to_string())?;
     let copy = best(&|p| outs[p].copy())?;
     Ok((decode, copy))
+}
+
+/// `t`'s blocks on `device` as row parts of at most `part_elements` elements each.
+fn parts(device: &Device, t: TensorRef<'_>, part_elements: usize) -> Result<Vec<QTensor>, String> {
+    let i = t.info;
+    let dtype = super::dequant::device_blocks(i.dtype)
+        .ok_or_else(|| format!("{} is not decoded on the device", i.dtype.name))?;
+    let shape = i.torch_shape();
+    let cols = shape.last().copied().unwrap_or(1).max(1);
+    let rows = (i.n_elements() as usize) / cols;
+    let row_bytes = t.bytes().len() / rows.max(1);
+    let per = (part_elements / cols).max(1);
+    (0..rows)
+        .step_by(per)
+        .map(|s| {
+            let n = per.min(rows - s);
+            let bytes = &t.bytes()[s * row_bytes..(s + n) * row_bytes];
+            super::dequant::with_blocks(&i.name, i.dtype, bytes, |aligned| {
+                QStorage::from_data(std::borrow::Cow::Borrowed(aligned), device, dtype)
+                    .and_then(|st| QTensor::new(st, (n, cols)))
+            })
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+        })
+        .collect()
 }
 
 /// One quant type's decodes together.
@@ -175,5 +180,37 @@ mod tests {
             }
         }
         assert!(decoded > 10, "{decoded} quantized tensors");
+    }
+
+    /// Decoded in parts of a few rows, a tensor is its whole decode.
+    #[test]
+    fn parts_decode_to_the_whole_tensor() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny/tiny-Q4_K_M.gguf");
+        let m = GgufModel::open(&path).expect("fixture");
+        let dev = Device::Cpu;
+        let mut split = 0;
+        for t in m.tensors().filter(|t| t.info.dtype.noise_bits() < 16) {
+            let whole = parts(&dev, t, usize::MAX).expect("whole");
+            assert_eq!(whole.len(), 1);
+            let cols = *t.info.torch_shape().last().expect("shape");
+            let small = parts(&dev, t, 5 * cols).expect("parts");
+            split += usize::from(small.len() > 1);
+            let decoded = small
+                .iter()
+                .map(|q| q.dequantize(&dev))
+                .collect::<candle_core::Result<Vec<_>>>()
+                .expect("decode");
+            let cat = Tensor::cat(&decoded, 0).expect("cat");
+            let want = whole[0].dequantize(&dev).expect("decode");
+            let diff = (cat - want)
+                .and_then(|d| d.abs())
+                .and_then(|d| d.flatten_all())
+                .and_then(|d| d.max(0))
+                .and_then(|d| d.to_scalar::<f32>())
+                .expect("diff");
+            assert_eq!(diff, 0.0, "{}", t.info.name);
+        }
+        assert!(split > 10, "{split} tensors decoded in several parts");
     }
 }
