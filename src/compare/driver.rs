@@ -194,19 +194,34 @@ pub struct Comparison {
 pub enum CmpVerdict {
     WithinTolerance,
     Diverged,
-    /// Nothing diverged among what was compared, but modules in both dumps could not be compared.
+    /// Nothing diverged among what was compared, but modules in both dumps could not be compared,
+    /// or the logits were compared at too few positions ([`Comparison::thin`]).
     Incomplete,
 }
+
+/// The fraction of the prompt's positions the logits must be compared at, at least, for a pass:
+/// positions left out after tied choices are not evidence.
+pub const MIN_COMPARED: f64 = 0.5;
 
 impl Comparison {
     pub fn diverged(&self) -> bool {
         self.first_divergence.is_some()
     }
 
+    /// `(compared, positions)` when the logits were compared at fewer than [`MIN_COMPARED`] of the
+    /// prompt's positions (the rest left out after tied choices).
+    pub fn thin(&self) -> Option<(usize, usize)> {
+        let l = self.logits.as_ref()?;
+        let t = self.tokens.len();
+        ((l.positions as f64) < MIN_COMPARED * t as f64).then_some((l.positions, t))
+    }
+
     pub fn verdict(&self) -> CmpVerdict {
         if self.diverged() {
             CmpVerdict::Diverged
-        } else if !self.incomparable.is_empty() && !self.allow_incomparable {
+        } else if (!self.incomparable.is_empty() && !self.allow_incomparable)
+            || self.thin().is_some()
+        {
             CmpVerdict::Incomplete
         } else {
             CmpVerdict::WithinTolerance
@@ -549,4 +564,58 @@ pub(crate) fn push(
 ) {
     status_of.insert(row.name.clone(), (row.status, row.rel_l2));
     rows.push(row);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn comparison(compared: usize, tokens: usize) -> Comparison {
+        let logits = LogitsCmp {
+            positions: compared,
+            kl_mean: 0.0,
+            kl_max: 0.0,
+            kl_max_pos: 0,
+            top1_agree: 1.0,
+            top1_agree_count: compared,
+            rms_dp: 0.0,
+            max_abs: 0.0,
+            entropy_mean: 1.0,
+            entropy_ref_mean: 1.0,
+            log_vocab: 6.0,
+            garbage: false,
+            reference_uniform: false,
+            kl_storage_mean: 0.0,
+            kl_storage_max: 0.0,
+            top1_storage_ties: 0,
+            kl_by_position: Vec::new(),
+        };
+        Comparison {
+            reference: "r".into(),
+            candidate: "c".into(),
+            tokens: vec![1; tokens],
+            tolerances: Tolerances::for_profile(
+                crate::compare::ComputeDtype::F32,
+                crate::gguf::GgmlType::F32,
+            ),
+            modules: Vec::new(),
+            logits: Some(logits),
+            first_divergence: None,
+            exclusions: Vec::new(),
+            only_reference: Vec::new(),
+            only_candidate: Vec::new(),
+            notes: Vec::new(),
+            incomparable: Vec::new(),
+            allow_incomparable: false,
+        }
+    }
+
+    /// A pass needs the logits compared at half the positions or more.
+    #[test]
+    fn a_pass_on_a_few_positions_is_incomplete() {
+        assert_eq!(comparison(16, 16).verdict(), CmpVerdict::WithinTolerance);
+        assert_eq!(comparison(8, 16).verdict(), CmpVerdict::WithinTolerance);
+        assert_eq!(comparison(3, 16).thin(), Some((3, 16)));
+        assert_eq!(comparison(3, 16).verdict(), CmpVerdict::Incomplete);
+    }
 }

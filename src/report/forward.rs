@@ -410,7 +410,14 @@ fn divergence_text(c: &Comparison) -> String {
     let mut out = String::new();
     match &c.first_divergence {
         None if c.verdict() == CmpVerdict::Incomplete => {
-            out.push_str("first divergence: none among the modules compared\nverdict: incomplete\n")
+            out.push_str("first divergence: none among the modules compared\n");
+            if let Some((n, t)) = c.thin() {
+                out.push_str(&format!(
+                    "the logits were compared at {n} of {t} positions (the others left out after \
+                     tied choices): too few to call it a pass\n"
+                ));
+            }
+            out.push_str("verdict: incomplete\n");
         }
         None => out.push_str("first divergence: none\nverdict: within tolerance\n"),
         Some(f) => {
