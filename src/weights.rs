@@ -53,26 +53,22 @@ impl<'a> ExpertBlocks<'a> {
         self.source.bytes()
     }
 
-    /// The same bytes as a handle that outlives the model's borrow.
-    pub fn shared(&self) -> crate::gguf::SharedBytes {
-        self.source.shared()
-    }
-
-    /// Expert `e`'s bytes (the stack is outermost-expert, so each expert is one run).
-    pub fn expert(&self, e: usize) -> Result<&'a [u8], DequantError> {
-        let bytes = self.source.bytes();
-        let per = bytes.len() / self.experts.max(1);
-        if per * self.experts != bytes.len() || e >= self.experts {
+    /// Expert `e`'s bytes (the stack is outermost-expert, so each expert is one run), as a handle
+    /// that outlives the model's borrow.
+    pub fn expert(&self, e: usize) -> Result<crate::gguf::SharedBytes, DequantError> {
+        let all = self.source.shared();
+        let per = all.len() / self.experts.max(1);
+        if per * self.experts != all.len() || e >= self.experts {
             return Err(DequantError::Bad {
                 tensor: self.tensor.clone(),
                 reason: format!(
                     "{} bytes do not split into {} experts (expert {e} asked)",
-                    bytes.len(),
+                    all.len(),
                     self.experts
                 ),
             });
         }
-        Ok(&bytes[e * per..(e + 1) * per])
+        Ok(all.slice(e * per, per))
     }
 }
 

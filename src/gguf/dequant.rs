@@ -114,6 +114,31 @@ pub fn device_blocks(t: GgmlType) -> Option<candle_core::quantized::GgmlDType> {
     candle_dtype(t).filter(|d| !matches!(d, D::F32 | D::F16 | D::BF16 | D::Q8_1))
 }
 
+/// `bytes` (whole `dtype` blocks of a tensor of `shape`) as a candle `QTensor` on `device`, the
+/// blocks copied into its storage as they are; None for a type not kept as blocks
+/// ([`device_blocks`]).
+pub fn qtensor(
+    name: &str,
+    dtype: GgmlType,
+    bytes: &[u8],
+    shape: &[usize],
+    device: &candle_core::Device,
+) -> Result<Option<candle_core::quantized::QTensor>, DequantError> {
+    use candle_core::quantized::{QStorage, QTensor};
+    let Some(cd) = device_blocks(dtype) else {
+        return Ok(None);
+    };
+    with_blocks(name, dtype, bytes, |aligned| {
+        QStorage::from_data(std::borrow::Cow::Borrowed(aligned), device, cd)
+            .and_then(|s| QTensor::new(s, shape))
+    })?
+    .map(Some)
+    .map_err(|e| DequantError::Bad {
+        tensor: name.to_string(),
+        reason: e.to_string(),
+    })
+}
+
 /// Runs `f` on `bytes` checked to be whole `dtype` blocks candle can hold, at an address aligned
 /// for them (candle's block casts panic on a misaligned slice): the map itself when it already is
 /// (GGUF data is 32-byte aligned), else an 8-byte-aligned copy.
@@ -170,7 +195,7 @@ pub fn supported(t: GgmlType) -> bool {
 }
 
 /// Checks that `bytes` is a whole number of `dtype` blocks candle can decode; returns the block count.
-fn check(name: &str, dtype: GgmlType, bytes: &[u8]) -> Result<usize, DequantError> {
+pub(crate) fn check(name: &str, dtype: GgmlType, bytes: &[u8]) -> Result<usize, DequantError> {
     let bad = |reason: String| DequantError::Bad {
         tensor: name.to_string(),
         reason,

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use candle_core::quantized::{QStorage, QTensor};
+use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 
@@ -91,8 +91,6 @@ fn timed(device: &Device, t: TensorRef<'_>, repeat: usize) -> Result<(f64, f64),
 /// `t`'s blocks on `device` as row parts of at most `part_elements` elements each.
 fn parts(device: &Device, t: TensorRef<'_>, part_elements: usize) -> Result<Vec<QTensor>, String> {
     let i = t.info;
-    let dtype = super::dequant::device_blocks(i.dtype)
-        .ok_or_else(|| format!("{} is not decoded on the device", i.dtype.name))?;
     let shape = i.torch_shape();
     let cols = shape.last().copied().unwrap_or(1).max(1);
     let rows = (i.n_elements() as usize) / cols;
@@ -103,12 +101,9 @@ fn parts(device: &Device, t: TensorRef<'_>, part_elements: usize) -> Result<Vec<
         .map(|s| {
             let n = per.min(rows - s);
             let bytes = &t.bytes()[s * row_bytes..(s + n) * row_bytes];
-            super::dequant::with_blocks(&i.name, i.dtype, bytes, |aligned| {
-                QStorage::from_data(std::borrow::Cow::Borrowed(aligned), device, dtype)
-                    .and_then(|st| QTensor::new(st, (n, cols)))
-            })
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())
+            super::dequant::qtensor(&i.name, i.dtype, bytes, &[n, cols], device)
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("{} is not decoded on the device", i.dtype.name))
         })
         .collect()
 }

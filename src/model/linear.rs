@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use candle_core::quantized::{QStorage, QTensor};
+use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Result, Tensor};
 
 use crate::gguf::{GgmlType, SharedBytes};
@@ -73,14 +73,16 @@ impl MappedBlocks {
         if start.checked_add(n).is_none_or(|end| end > rows) {
             return Err(bad(format!("rows {start}..{start}+{n} of {rows}")));
         }
-        let cd = crate::gguf::dequant::device_blocks(self.dtype)
-            .ok_or_else(|| bad(format!("{} is not kept as blocks", self.dtype.name)))?;
         let part = self.bytes.slice(start * row_bytes, n * row_bytes);
-        crate::gguf::dequant::with_blocks(&self.name, self.dtype, part.bytes(), |aligned| {
-            QStorage::from_data(std::borrow::Cow::Borrowed(aligned), &Device::Cpu, cd)
-                .and_then(|s| QTensor::new(s, (n, cols)))
-        })
+        crate::gguf::dequant::qtensor(
+            &self.name,
+            self.dtype,
+            part.bytes(),
+            &[n, cols],
+            &Device::Cpu,
+        )
         .map_err(|e| candle_core::Error::Msg(e.to_string()))?
+        .ok_or_else(|| bad(format!("{} is not kept as blocks", self.dtype.name)))
     }
 
     /// Row chunks `(start, n)` whose f32 fits `self.chunk` bytes.
@@ -276,16 +278,20 @@ mod tests {
             .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         let mut checked = 0;
         for info in file.tensors.iter().filter(|t| t.torch_shape().len() == 2) {
-            let Some(cd) = crate::gguf::dequant::device_blocks(info.dtype) else {
-                continue;
-            };
             let shape = info.torch_shape();
             let (rows, cols) = (shape[0], shape[1]);
             let bytes = file.shared_bytes(info);
-            let q = Arc::new(QTensor::new(
-                QStorage::from_data(std::borrow::Cow::Borrowed(bytes.bytes()), &Device::Cpu, cd)?,
-                (rows, cols),
-            )?);
+            let q = crate::gguf::dequant::qtensor(
+                &info.name,
+                info.dtype,
+                bytes.bytes(),
+                &shape,
+                &Device::Cpu,
+            )
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            let Some(q) = q.map(Arc::new) else {
+                continue;
+            };
             // 3 rows per chunk: the last chunk is short whenever rows % 3 != 0.
             let mapped = Blocks::Mapped(Box::new(MappedBlocks {
                 name: info.name.clone(),

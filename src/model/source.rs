@@ -13,7 +13,7 @@ use std::rc::Rc;
 
 use std::sync::Arc;
 
-use candle_core::quantized::{QStorage, QTensor};
+use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
 
 use crate::arch::glm_dsa::{self, Idx, Rebuild, Role};
@@ -138,23 +138,15 @@ impl WeightSource for FullSource<'_, '_> {
         let out = if stacked && fused {
             let mut shape = vec![b.experts];
             shape.extend_from_slice(&b.expert_shape);
-            upload(&b.tensor, b.dtype, b.bytes(), &shape, &device)?
+            crate::gguf::dequant::qtensor(&b.tensor, b.dtype, b.bytes(), &shape, &device)
+                .map_err(crate::weights::WeightError::from)?
                 .map(|q| QuantExperts::Stacked(Arc::new(q)))
         } else {
-            let all = b.shared();
-            let per = all.len() / b.experts.max(1);
             (0..b.experts)
                 .map(|e| {
-                    // Checks the stack splits into whole experts.
-                    b.expert(e).map_err(crate::weights::WeightError::from)?;
+                    let bytes = b.expert(e).map_err(crate::weights::WeightError::from)?;
                     let name = format!("{} expert {e}", b.tensor);
-                    blocks(
-                        &name,
-                        b.dtype,
-                        all.slice(e * per, per),
-                        &b.expert_shape,
-                        &device,
-                    )
+                    blocks(&name, b.dtype, bytes, &b.expert_shape, &device)
                 })
                 .collect::<Result<Option<Vec<_>>, ModelError>>()?
                 .map(QuantExperts::PerExpert)
@@ -195,14 +187,15 @@ fn blocks(
     device: &Device,
 ) -> Result<Option<Blocks>, ModelError> {
     if device.is_cuda() {
-        let q = upload(name, dtype, bytes.bytes(), shape, device)?;
+        let q = crate::gguf::dequant::qtensor(name, dtype, bytes.bytes(), shape, device)
+            .map_err(crate::weights::WeightError::from)?;
         return Ok(q.map(|q| Blocks::OnDevice(Arc::new(q))));
     }
     let (Some(_), &[rows, cols]) = (crate::gguf::dequant::device_blocks(dtype), shape) else {
         return Ok(None);
     };
-    // Whole blocks, checked once here.
-    crate::gguf::dequant::with_blocks(name, dtype, bytes.bytes(), |_| ())
+    // Whole blocks, checked once here (without the aligned copy decoding would make).
+    crate::gguf::dequant::check(name, dtype, bytes.bytes())
         .map_err(crate::weights::WeightError::from)?;
     Ok(Some(Blocks::Mapped(Box::new(MappedBlocks {
         name: name.to_string(),
@@ -211,28 +204,6 @@ fn blocks(
         shape: [rows, cols],
         chunk: super::linear::CHUNK_F32_BYTES,
     }))))
-}
-
-/// `bytes` (whole `dtype` blocks of a tensor of `shape`) as a `QTensor` on `device`, for the
-/// quantized types candle computes with on the device; None for float types and those candle
-/// would decode on the host (they are handed out dense instead).
-fn upload(
-    name: &str,
-    dtype: crate::gguf::GgmlType,
-    bytes: &[u8],
-    shape: &[usize],
-    device: &Device,
-) -> Result<Option<QTensor>, ModelError> {
-    let Some(cd) = crate::gguf::dequant::device_blocks(dtype) else {
-        return Ok(None);
-    };
-    crate::gguf::dequant::with_blocks(name, dtype, bytes, |aligned| {
-        QStorage::from_data(std::borrow::Cow::Borrowed(aligned), device, cd)
-            .and_then(|s| QTensor::new(s, shape))
-    })
-    .map_err(crate::weights::WeightError::from)?
-    .map(Some)
-    .map_err(candle(name.to_string()))
 }
 
 /// Rank `rank` of simulated tensor parallel: every parameter as vLLM's rank holds it — cut from the
