@@ -236,19 +236,7 @@ impl Experts {
             return self.fused([g, u, d], x, r, capture);
         }
         let (t, hidden) = x.dims2()?;
-        let n_experts = self.gate.len()?;
-        let ids = r.indices.to_vec2::<u32>()?;
-        let k = ids.first().map_or(0, Vec::len);
-        // per expert: (token, flat index token·k + slot into the weights)
-        let mut per_expert: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n_experts];
-        for (tok, row) in ids.iter().enumerate() {
-            for (slot, &e) in row.iter().enumerate() {
-                let list = per_expert.get_mut(e as usize).ok_or_else(|| {
-                    candle_core::Error::Msg(format!("router chose expert {e} of {n_experts}"))
-                })?;
-                list.push((tok as u32, (tok * k + slot) as u32));
-            }
-        }
+        let per_expert = routed_rows(&r.indices, self.gate.len()?)?;
         let flat_w = r.weights.flatten_all()?;
         let act_path = sub(&self.path, conv::ACT);
         let mut tokens_all = Vec::new();
@@ -311,16 +299,9 @@ impl Experts {
             // The per-expert captures of the eager loop: experts ascending, tokens ascending.
             let (t, k, inter) = act.dims3()?;
             let flat_act = act.reshape((t * k, inter))?.to_dtype(x.dtype())?;
-            let mut per_expert: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
-            for (tok, row) in r.indices.to_vec2::<u32>()?.iter().enumerate() {
-                for (slot, &e) in row.iter().enumerate() {
-                    per_expert
-                        .entry(e)
-                        .or_default()
-                        .push((tok * k + slot) as u32);
-                }
-            }
-            for (hit, rows) in per_expert.into_values().enumerate() {
+            let per_expert = routed_rows(&r.indices, self.gate.len()?)?;
+            for (hit, list) in per_expert.iter().filter(|l| !l.is_empty()).enumerate() {
+                let rows: Vec<u32> = list.iter().map(|&(_, f)| f).collect();
                 let n = rows.len();
                 let rows = Tensor::from_vec(rows, n, x.device())?;
                 emit(
@@ -334,6 +315,23 @@ impl Experts {
             .sum(1)?
             .to_dtype(x.dtype())
     }
+}
+
+/// The router's choices `[T, k]` (U32) by expert: for each of `n_experts` experts, its
+/// (token, flat index token·k + slot into the routing weights), tokens ascending.
+fn routed_rows(indices: &Tensor, n_experts: usize) -> Result<Vec<Vec<(u32, u32)>>> {
+    let ids = indices.to_vec2::<u32>()?;
+    let k = ids.first().map_or(0, Vec::len);
+    let mut per_expert: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n_experts];
+    for (tok, row) in ids.iter().enumerate() {
+        for (slot, &e) in row.iter().enumerate() {
+            let list = per_expert.get_mut(e as usize).ok_or_else(|| {
+                candle_core::Error::Msg(format!("router chose expert {e} of {n_experts}"))
+            })?;
+            list.push((tok as u32, (tok * k + slot) as u32));
+        }
+    }
+    Ok(per_expert)
 }
 
 #[derive(Debug, Clone)]
