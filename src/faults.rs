@@ -15,7 +15,34 @@ use crate::plan::{Cut, ParamPlan};
 use crate::weights::{WeightError, Weights};
 
 mod table;
-pub use table::{fault_list, FaultError, FaultSpec, Hits, Make, FAULTS};
+pub use table::{fault_list, FaultError, FaultSpec, Hits, Injection, Make, FAULTS};
+
+/// Loader or kernel bugs that leave every weight right and change what the forward computes
+/// (publicly reported on GLM-5 / DeepSeek-V3.2 deployments). [`crate::model::Glm5::inject`] applies
+/// one to chosen layers; [`crate::compare`] recognizes each by its signature in activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Behaviour {
+    /// The DSA indexer is off: every query attends to all earlier keys (index_topk ignored).
+    DsaDense,
+    /// The indexer's RoPE rotated half-split (NeoX) instead of interleaved (vLLM #28968,
+    /// sglang #13495).
+    IndexerRopeNeox,
+    /// MLA's RoPE rotated half-split instead of interleaved.
+    MlaRopeNeox,
+    /// Softmax expert gating instead of sigmoid (a missing `expert_gating_func`, llama.cpp #18980).
+    RouterSoftmax,
+    /// `e_score_correction_bias` not added to the choice scores.
+    RouterNoBias,
+    /// `e_score_correction_bias` rounded to bf16 (sglang #37133).
+    BiasBf16,
+    /// The attention softmax scale taken from the latent dim, (kv_lora_rank + qk_rope_head_dim)^-½,
+    /// instead of qk_head_dim^-½ (vLLM #41569).
+    MlaScaleLatent,
+    /// The chosen experts' weights not renormalized (norm_topk_prob ignored).
+    NoNormTopk,
+    /// `routed_scaling_factor` not applied to the routed experts' weights.
+    RoutedScaleMissing,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
@@ -39,6 +66,8 @@ pub enum Fault {
     VocabUnpadded,
     /// bf16 bits stored (and read) as fp16.
     Bf16AsF16,
+    /// Every weight right; the forward computes something else ([`Behaviour`]).
+    Behaviour(Behaviour),
 }
 
 impl Fault {
@@ -54,6 +83,7 @@ impl Fault {
                 _ => false,
             },
             Hits::All => true,
+            Hits::Forward => false,
         }
     }
 
@@ -93,7 +123,8 @@ impl Fault {
             return out(p.shard(full, rank).map_err(candle)?, dtype);
         }
         let shard = match self {
-            Fault::None => p.shard(full, rank).map_err(candle)?,
+            // A behaviour fault hits no parameter (`targets` is false): never reached.
+            Fault::None | Fault::Behaviour(_) => p.shard(full, rank).map_err(candle)?,
             Fault::KvbConcat => p.shard(&kvb_concat(w, p)?, rank).map_err(candle)?,
             Fault::KvbUntransposed => p.shard(&kvb_untransposed(w, p)?, rank).map_err(candle)?,
             Fault::RankSwap(a, b) => {

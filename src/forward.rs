@@ -402,6 +402,7 @@ pub fn run(
             &CompareOptions {
                 tolerances: tol.clone(),
                 index_topk: Some(spec.index_topk),
+                facts: Some(model.facts()?),
             },
         )?),
         None => None,

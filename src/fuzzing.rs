@@ -137,6 +137,7 @@ pub fn activation_dump(data: &[u8]) -> bool {
     let opts = CompareOptions {
         tolerances: Tolerances::for_profile(ComputeDtype::F32, GgmlType::F32),
         index_topk: Some(2),
+        facts: None,
     };
     let _ = compare(&a, &a, &opts);
     let mut b = a.clone();

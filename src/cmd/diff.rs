@@ -73,6 +73,7 @@ pub fn run(a: &DiffArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
             .tol
             .apply(Tolerances::for_reference(dtype, weights, ref_kind)),
         index_topk: None,
+        facts: None,
     };
     let mut cmp = compare::compare(&r, &c, &opts)?;
     cmp.allow_incomparable = a.tol.allow_incomparable;

@@ -6,6 +6,11 @@ use std::path::PathBuf;
 /// A command's own refusal; the stages' errors pass through `anyhow` beside these.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CmdError {
+    #[error(
+        "--fault {0}: a weight fault; write it into rank files with `glmcheck inject --fault {0} \
+         --tp N --out DIR` and run `glmcheck forward --tp N --weights-from DIR`"
+    )]
+    WeightFaultInForward(String),
     #[error("--device {0}: this glmcheck was built without CUDA (build it with --features cuda: tools/build-cuda.sh)")]
     NoCuda(String),
     #[error("--device {0}: {1}")]

@@ -40,6 +40,9 @@ use crate::weights::Weights;
   glmcheck inject --fault kvb-concat --layer 1 --tp 8 --out /tmp/bad fixtures/tiny/tiny-F32.gguf
   glmcheck forward fixtures/tiny/tiny-F32.gguf --prompt 'What is 2+2?' --tp 8 --weights-from /tmp/bad
   glmcheck diff /tmp/sparse.safetensors /tmp/dense.safetensors
+  glmcheck forward fixtures/tiny/tiny-F32.gguf --prompt \"$P\" --fault router-softmax@1
+  glmcheck forward fixtures/tiny/tiny-F32.gguf --prompt \"$P\" --fault mla-scale-latent \
+      --reference fixtures/tiny/activations/prompt0.safetensors
 
 --prompt is tokenized with the GGUF's own tokenizer, nothing added (no [gMASK]<sop>; type it if
 wanted). With --reference the token ids must be the reference's (its `token_ids` metadata).
@@ -76,6 +79,14 @@ pub struct ForwardArgs {
     /// other-engine bounds). Simulated --tp always dequantizes.
     #[arg(long, value_enum, default_value = "dequant", conflicts_with = "tp")]
     pub matmul: MatmulArg,
+    /// Run with a behaviour fault (every weight right, the forward computing what a known loader
+    /// or kernel bug computes), on LAYERS only if given (`router-softmax@1`, `dsa-dense@0,2-3`);
+    /// repeatable. Without --reference the run is compared with the same forward unfaulted, so
+    /// the comparison shows the fault's signature. Faults: dsa-dense, indexer-rope-neox,
+    /// mla-rope-neox, router-softmax, router-no-bias, bias-bf16, mla-scale-latent, no-norm-topk,
+    /// routed-scale-missing (`glmcheck inject --help` lists the weight faults).
+    #[arg(long, value_name = "NAME[@LAYERS]")]
+    pub fault: Vec<String>,
     /// Tokens of greedy continuation (the full forward is recomputed per token).
     #[arg(long, default_value_t = 8)]
     pub max_new_tokens: usize,
@@ -149,6 +160,7 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         dsa: a.dsa.into(),
         matmul: a.matmul.into(),
     };
+    let injections = injections(&a.fault)?;
     let weights = crate::compare::weight_class(&l.model);
     let mut notes = Vec::new();
     let dump = rank_dump(a)?;
@@ -167,9 +179,19 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         }
         None => Glm5::load_with(&w, options)?,
     };
+    let mut model = model;
+    for i in &injections {
+        if let Some(b) = i.fault.behaviour() {
+            model.inject(b, i.layers.as_deref())?;
+        }
+    }
+    if !injections.is_empty() {
+        notes.push(report::fault_note(&injections));
+    }
     let truth = truth(
         a,
         ref_acts,
+        !injections.is_empty(),
         plan.as_ref(),
         dump.as_ref(),
         &w,
@@ -287,6 +309,20 @@ pub fn parse_tokens(s: &str) -> Result<Vec<u32>, CmdError> {
     Ok(ids)
 }
 
+/// --fault's behaviour faults; a weight fault is refused with the way to run it.
+fn injections(given: &[String]) -> anyhow::Result<Vec<crate::faults::Injection>> {
+    given
+        .iter()
+        .map(|s| {
+            let i: crate::faults::Injection = s.parse()?;
+            match i.fault.behaviour() {
+                Some(_) => Ok(i),
+                None => Err(CmdError::WeightFaultInForward(i.fault.to_string()).into()),
+            }
+        })
+        .collect()
+}
+
 /// The reference dump, refused when it was made from other tokens.
 fn load_reference(r: &Path, ids: &[u32]) -> anyhow::Result<Activations> {
     let acts = Activations::load(r)?;
@@ -330,7 +366,8 @@ struct Truth {
     note: Option<String>,
 }
 
-/// The reference: --reference's dump; else, for --tp, the unsharded forward of the same GGUF — held
+/// The reference: --reference's dump; else, with --fault, the same forward without the faults
+/// (same-weights bounds); else, for --tp, the unsharded forward of the same GGUF — held
 /// to the same-weights bounds for the GGUF's own cut, and for --weights-from to the noise that
 /// separates the dump's weights from the GGUF's (its storage dtype; the quantization too when it
 /// holds the originals).
@@ -338,6 +375,7 @@ struct Truth {
 fn truth(
     a: &ForwardArgs,
     reference: Option<Activations>,
+    faulted: bool,
     plan: Option<&ShardPlan>,
     dump: Option<&RankDump>,
     w: &Weights<'_>,
@@ -351,6 +389,18 @@ fn truth(
         (None, Some(r)) => ReferenceWeights::of_dump(r, &a.file, weights),
         (None, None) => ReferenceWeights::Original,
     };
+    if faulted && reference.is_none() && plan.is_none() {
+        let mut cap = VecCapture::new();
+        Glm5::load_with(w, options)?.forward(ids, &mut cap)?;
+        let mut acts = Activations::from_capture(&cap, a.prompt.as_deref(), Default::default())?;
+        acts.source = report::unfaulted_source(&a.file);
+        return Ok(Truth {
+            acts: Some(acts),
+            weights: GgmlType::F32,
+            kind: ReferenceWeights::Same,
+            note: None,
+        });
+    }
     let Some(plan) = plan.filter(|_| reference.is_none()) else {
         return Ok(Truth {
             acts: reference,

@@ -62,6 +62,7 @@ impl InjectArgs {
 pub fn run(a: &InjectArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     let tp = a.tp as usize;
     let fault: Fault = a.fault.parse()?;
+    fault.check_weight()?;
     fault.check_tp(tp)?;
     let l = Loaded::new(open(&a.file)?)?;
     let plan = l.plan(tp);

@@ -29,6 +29,8 @@ pub struct FirstDivergence {
     pub inputs: Vec<InputStatus>,
     /// Serialized as its sentence (crate::report::reading).
     pub reading: Reading,
+    /// A behaviour fault whose signature the divergence carries (null when none does).
+    pub signature: Option<super::behaviour::Signature>,
 }
 
 /// What diverges.
@@ -219,6 +221,7 @@ pub(crate) fn first_divergence(
             cause,
             indexer: None,
         },
+        signature: None,
     }
 }
 
@@ -331,6 +334,7 @@ mod tests {
         let opts = CompareOptions {
             tolerances: Tolerances::for_profile(ComputeDtype::F32, GgmlType::F32),
             index_topk: None,
+            facts: None,
         };
         compare(&dump(&keys, &[]), &dump(&keys, cand_scale), &opts).expect("compare")
     }
@@ -380,6 +384,7 @@ mod tests {
         let opts = CompareOptions {
             tolerances: Tolerances::for_profile(ComputeDtype::F32, GgmlType::F32),
             index_topk: None,
+            facts: None,
         };
         let bad = [(a.kv_b.as_str(), 2.0), (a.o.as_str(), 2.0)];
         let c = compare(&dump(&keys, &[]), &dump(&keys, &bad), &opts).expect("compare");
@@ -424,6 +429,7 @@ mod tests {
         let opts = CompareOptions {
             tolerances: Tolerances::for_profile(ComputeDtype::F32, GgmlType::F32),
             index_topk: None,
+            facts: None,
         };
         let c = compare(
             &dump(&keys, &[]),

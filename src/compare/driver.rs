@@ -236,6 +236,9 @@ pub struct CompareOptions {
     /// The model's `index_topk`, when known: a divergence that starts at that position points at
     /// the DSA indexer.
     pub index_topk: Option<usize>,
+    /// The model's router and attention settings, when known (`forward`): the behaviour-fault
+    /// signatures ([`super::behaviour`]) need them.
+    pub facts: Option<super::behaviour::ModelFacts>,
 }
 
 pub(crate) fn get_f32<'a>(acts: &'a Activations, key: &str) -> Option<&'a [f32]> {
@@ -533,6 +536,11 @@ pub fn compare(
         });
         if let Some(f) = first_divergence.as_mut() {
             no_indexer(f, &graph);
+        }
+    }
+    if let (Some(f), Some(facts)) = (first_divergence.as_mut(), &opts.facts) {
+        if let Some(layer) = f.layer {
+            f.signature = super::behaviour::recognise(reference, cand, layer, facts, tol.rel_l2);
         }
     }
     let incomparable = rows

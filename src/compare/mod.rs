@@ -38,6 +38,7 @@
 //! - [`aligner`]: a model capture that replays the reference's top-k at ties.
 
 pub mod aligner;
+pub mod behaviour;
 pub mod diff;
 pub mod divergence;
 pub mod driver;
@@ -51,6 +52,7 @@ pub mod tolerance;
 pub mod topk;
 
 pub use aligner::Aligner;
+pub use behaviour::{ModelFacts, Signature};
 pub use diff::{
     activation_storage_rel_l2, diff, dump_dtype_rel_l2, quant_rel_l2_bound, storage_half_ulp, Diff,
 };

@@ -383,6 +383,7 @@ mod tests {
         let opts = CompareOptions {
             tolerances: Tolerances::for_profile(ComputeDtype::F32, GgmlType::F32),
             index_topk: Some(2),
+            facts: None,
         };
         // [T, k], and [1, T, k] when both dumps kept the batch dim: k is the last dim.
         for shape in [vec![4, 2], vec![1, 4, 2]] {

@@ -8,7 +8,7 @@
 
 use std::str::FromStr;
 
-use super::Fault;
+use super::{Behaviour, Fault};
 use crate::arch::glm_dsa::{Role, TpStyle};
 
 /// The parameter a fault takes after its name, and how the fault is built from it.
@@ -52,6 +52,8 @@ pub enum Hits {
     /// The parameters matching the fault's own glob.
     Glob,
     All,
+    /// No parameter: the forward itself (a [`Behaviour`] fault).
+    Forward,
 }
 
 /// One known loader bug: its name, parameter syntax, what it does, what it hits and the smallest tp
@@ -76,7 +78,7 @@ const MERGED: &[TpStyle] = &[TpStyle::MergedColumn, TpStyle::MoeW13];
 
 /// Every known fault, in the order `--help` lists them. Parsing, `--help`, [`Fault::cause`] and
 /// [`Fault::check_tp`] read this table; nothing else spells a fault's name.
-pub static FAULTS: [FaultSpec; 10] = [
+pub static FAULTS: [FaultSpec; 19] = [
     FaultSpec {
         name: "none",
         make: Make::Plain(Fault::None),
@@ -147,7 +149,128 @@ pub static FAULTS: [FaultSpec; 10] = [
         hits: Hits::All,
         min_tp: 1,
     },
+    FaultSpec {
+        name: "dsa-dense",
+        make: Make::Plain(Fault::Behaviour(Behaviour::DsaDense)),
+        about: "the DSA indexer off: every query attends to all earlier keys",
+        hits: Hits::Forward,
+        min_tp: 1,
+    },
+    FaultSpec {
+        name: "indexer-rope-neox",
+        make: Make::Plain(Fault::Behaviour(Behaviour::IndexerRopeNeox)),
+        about: "the indexer's RoPE rotated half-split instead of interleaved",
+        hits: Hits::Forward,
+        min_tp: 1,
+    },
+    FaultSpec {
+        name: "mla-rope-neox",
+        make: Make::Plain(Fault::Behaviour(Behaviour::MlaRopeNeox)),
+        about: "MLA's RoPE rotated half-split instead of interleaved",
+        hits: Hits::Forward,
+        min_tp: 1,
+    },
+    FaultSpec {
+        name: "router-softmax",
+        make: Make::Plain(Fault::Behaviour(Behaviour::RouterSoftmax)),
+        about: "softmax expert gating instead of sigmoid (expert_gating_func missing)",
+        hits: Hits::Forward,
+        min_tp: 1,
+    },
+    FaultSpec {
+        name: "router-no-bias",
+        make: Make::Plain(Fault::Behaviour(Behaviour::RouterNoBias)),
+        about: "e_score_correction_bias not added to the choice scores",
+        hits: Hits::Forward,
+        min_tp: 1,
+    },
+    FaultSpec {
+        name: "bias-bf16",
+        make: Make::Plain(Fault::Behaviour(Behaviour::BiasBf16)),
+        about: "e_score_correction_bias rounded to bf16",
+        hits: Hits::Forward,
+        min_tp: 1,
+    },
+    FaultSpec {
+        name: "mla-scale-latent",
+        make: Make::Plain(Fault::Behaviour(Behaviour::MlaScaleLatent)),
+        about: "attention softmax scale (kv_lora_rank + rope dim)^-1/2 instead of qk_head_dim^-1/2",
+        hits: Hits::Forward,
+        min_tp: 1,
+    },
+    FaultSpec {
+        name: "no-norm-topk",
+        make: Make::Plain(Fault::Behaviour(Behaviour::NoNormTopk)),
+        about: "the chosen experts' weights not renormalized",
+        hits: Hits::Forward,
+        min_tp: 1,
+    },
+    FaultSpec {
+        name: "routed-scale-missing",
+        make: Make::Plain(Fault::Behaviour(Behaviour::RoutedScaleMissing)),
+        about: "routed_scaling_factor not applied",
+        hits: Hits::Forward,
+        min_tp: 1,
+    },
 ];
+
+/// A fault limited to some layers: `NAME[@LAYERS]` (`router-softmax@1`, `dsa-dense@0,2-3`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Injection {
+    pub fault: Fault,
+    /// None: every layer the fault can change.
+    pub layers: Option<Vec<usize>>,
+}
+
+impl FromStr for Injection {
+    type Err = FaultError;
+    fn from_str(s: &str) -> Result<Self, FaultError> {
+        let (name, layers) = match s.split_once('@') {
+            Some((n, l)) => (n, Some(parse_layers(s, l)?)),
+            None => (s, None),
+        };
+        Ok(Injection {
+            fault: name.parse()?,
+            layers,
+        })
+    }
+}
+
+impl std::fmt::Display for Injection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.fault)?;
+        if let Some(ls) = &self.layers {
+            let ls: Vec<String> = ls.iter().map(usize::to_string).collect();
+            write!(f, "@{}", ls.join(","))?;
+        }
+        Ok(())
+    }
+}
+
+/// `0,2-3` → [0, 2, 3] (sorted, without repeats).
+fn parse_layers(given: &str, s: &str) -> Result<Vec<usize>, FaultError> {
+    let bad = |part: &str| FaultError::NotALayer {
+        given: given.to_string(),
+        part: part.to_string(),
+    };
+    let num = |x: &str| x.trim().parse::<usize>().map_err(|_| bad(x));
+    let mut out = std::collections::BTreeSet::new();
+    for part in s.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (num(a)?, num(b)?);
+                if a > b || b - a > 4096 {
+                    return Err(bad(part));
+                }
+                out.extend(a..=b);
+            }
+            None => {
+                out.insert(num(part)?);
+            }
+        }
+    }
+    Ok(out.into_iter().collect())
+}
 
 /// Why a fault could not be parsed or used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -158,12 +281,19 @@ pub enum FaultError {
     Syntax { given: String, syntax: String },
     #[error("`{given}`: `{part}` is not a rank number")]
     NotARank { given: String, part: String },
+    #[error("`{given}`: `{part}` is not a layer number or range (e.g. `@1` or `@0,2-3`)")]
+    NotALayer { given: String, part: String },
     #[error("`{given}`: the two ranks must differ")]
     SameRanks { given: String },
     #[error("rank-swap:{a},{b} needs tp > {max}")]
     RankBeyondTp { a: usize, b: usize, max: usize },
     #[error("{name} changes nothing at tp=1 (one rank holds the whole tensor)")]
     NeedsTp2 { name: &'static str },
+    #[error(
+        "{name} changes what the forward computes, not a weight: no dump can hold it \
+         (see it with `glmcheck forward --fault {name}`)"
+    )]
+    NotAWeightFault { name: &'static str },
 }
 
 /// Every fault's syntax, comma-separated (`none, kvb-concat, …, rank-swap:A,B, …`).
@@ -234,13 +364,33 @@ impl Fault {
         let kind = std::mem::discriminant(self);
         FAULTS
             .iter()
-            .find(|s| std::mem::discriminant(&s.make.sample()) == kind)
+            .find(|s| match &s.make {
+                // Behaviour faults share one variant: told apart by value.
+                Make::Plain(f) => f == self,
+                m => std::mem::discriminant(&m.sample()) == kind,
+            })
             .unwrap_or(&FAULTS[0])
+    }
+
+    /// The forward change this fault is, if it is one (not a weight fault).
+    pub fn behaviour(&self) -> Option<Behaviour> {
+        match self {
+            Fault::Behaviour(b) => Some(*b),
+            _ => None,
+        }
     }
 
     /// The cause name reported by `--against` (the fault's name without arguments).
     pub fn cause(&self) -> &'static str {
         self.spec().name
+    }
+
+    /// Refuses a behaviour fault where a weight fault is needed (a faulted dump).
+    pub fn check_weight(&self) -> Result<(), FaultError> {
+        match self {
+            Fault::Behaviour(_) => Err(FaultError::NotAWeightFault { name: self.cause() }),
+            _ => Ok(()),
+        }
     }
 
     /// Refuses a fault that would change nothing (or is impossible) at this tp.
@@ -289,11 +439,31 @@ mod tests {
     }
 
     #[test]
+    fn injections_name_a_fault_and_its_layers() {
+        let i: Injection = "router-softmax@3,1-2,3".parse().expect("parses");
+        assert_eq!(i.fault, Fault::Behaviour(Behaviour::RouterSoftmax));
+        assert_eq!(i.layers, Some(vec![1, 2, 3]));
+        assert_eq!(i.to_string(), "router-softmax@1,2,3");
+        let all: Injection = "dsa-dense".parse().expect("parses");
+        assert_eq!(all.layers, None);
+        for bad in ["dsa-dense@", "dsa-dense@x", "dsa-dense@3-1", "nope@1"] {
+            assert!(bad.parse::<Injection>().is_err(), "{bad}");
+        }
+        assert!(Fault::KvbConcat.check_weight().is_ok());
+        assert!(matches!(
+            Fault::Behaviour(Behaviour::DsaDense).check_weight(),
+            Err(FaultError::NotAWeightFault { name: "dsa-dense" })
+        ));
+    }
+
+    #[test]
     fn the_list_is_the_tables_syntax_in_order() {
         assert_eq!(
             fault_list(),
             "none, kvb-concat, kvb-untransposed, rank-swap:A,B, merged-rank0, merged-midsplit, \
-             param-zeroed:GLOB, wrong-dim, vocab-unpadded, bf16-as-f16"
+             param-zeroed:GLOB, wrong-dim, vocab-unpadded, bf16-as-f16, dsa-dense, \
+             indexer-rope-neox, mla-rope-neox, router-softmax, router-no-bias, bias-bf16, \
+             mla-scale-latent, no-norm-topk, routed-scale-missing"
         );
     }
 

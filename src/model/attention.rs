@@ -7,7 +7,7 @@ use super::capture::{emit, emit_with, Capture};
 use super::indexer::Indexer;
 use super::linear::Linear;
 use super::names::{conv, sub, AttnPaths};
-use super::ops::{additive, one_hot_rows, CausalMask, RmsNorm, Rope, RopeTables};
+use super::ops::{additive, one_hot_rows, CausalMask, RmsNorm, Rope, RopeLayout, RopeTables};
 use super::source::{Params, WeightSource};
 use super::{DsaMode, ModelError};
 use crate::arch::glm_dsa::Role;
@@ -45,6 +45,10 @@ pub struct Mla {
     pub kv_lora: usize,
     /// qk_head_dim^-½ (no yarn mscale: default RoPE)
     pub scale: f64,
+    /// The RoPE layout of q_pe / k_pe (interleaved; half-split only under `mla-rope-neox`).
+    pub rope_layout: RopeLayout,
+    /// Plain causal attention whatever the model's [`DsaMode`] (`dsa-dense` on this layer).
+    pub force_dense: bool,
     pub(crate) paths: AttnPaths,
 }
 
@@ -86,6 +90,8 @@ impl Mla {
             // Default RoPE: no yarn mscale (transformers applies it only for rope_type != default
             // with mscale_all_dim; the GGUF config carries no rope scaling).
             scale: (c.qk_head_dim() as f64).powf(-0.5),
+            rope_layout: RopeLayout::Interleaved,
+            force_dense: false,
             paths,
         })
     }
@@ -127,8 +133,8 @@ impl Mla {
         let k_pass = self.kv_a_norm.forward(&kv_pass)?; // [T, kv_lora]
         emit(capture, &p.kv_a_norm, &k_pass)?;
 
-        let q_rot = rope.apply(&q_rot, &tables.cos, &tables.sin)?; // [H, T, rope]
-        let k_rot = rope.apply(&k_rot, &tables.cos, &tables.sin)?; // [1, T, rope]
+        let q_rot = rope.apply_as(self.rope_layout, &q_rot, &tables.cos, &tables.sin)?; // [H, T, rope]
+        let k_rot = rope.apply_as(self.rope_layout, &k_rot, &tables.cos, &tables.sin)?; // [1, T, rope]
         let query = Tensor::cat(&[&q_pass, &q_rot], 2)?; // [H, T, qk]
 
         let kv = self.kv_b.forward(&k_pass)?; // [T, H·(nope+v)]
@@ -142,6 +148,11 @@ impl Mla {
         let key = Tensor::cat(&[&k_nope, &k_rot.broadcast_as((h, t, self.rope_dim))?], 2)?;
 
         // DSA: the keys each query may see.
+        let mode = if self.force_dense {
+            DsaMode::Dense
+        } else {
+            mode
+        };
         let (topk, allowed) = match mode {
             DsaMode::Sparse => {
                 let ours = self

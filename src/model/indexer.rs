@@ -6,7 +6,7 @@ use candle_core::{DType, Result, Tensor};
 use super::capture::{emit, emit_with, Capture};
 use super::linear::Linear;
 use super::names::{conv, sub, IndexerPaths};
-use super::ops::{topk_indices, CausalMask, LayerNorm, Rope, RopeTables};
+use super::ops::{topk_indices, CausalMask, LayerNorm, Rope, RopeLayout, RopeTables};
 use super::source::{Params, WeightSource};
 use super::ModelError;
 use crate::arch::glm_dsa::Role;
@@ -32,6 +32,8 @@ pub struct Indexer {
     pub head_dim: usize,
     pub rope_dim: usize,
     pub topk: usize,
+    /// The RoPE layout of the rope part (interleaved; half-split only under `indexer-rope-neox`).
+    pub rope_layout: RopeLayout,
     pub(crate) paths: IndexerPaths,
 }
 
@@ -57,6 +59,7 @@ impl Indexer {
             head_dim: c.index_head_dim,
             rope_dim: c.qk_rope_head_dim,
             topk: c.index_topk,
+            rope_layout: RopeLayout::Interleaved,
             paths,
         })
     }
@@ -106,8 +109,9 @@ impl Indexer {
         let k_pass = k.narrow(1, self.rope_dim, pass)?;
 
         // cos/sin [T, d/2]: the head dim of q is unsqueezed in (transformers' unsqueeze_dim=2).
-        let q_rot = rope.apply(&q_rot, &tables.cos.unsqueeze(1)?, &tables.sin.unsqueeze(1)?)?;
-        let k_rot = rope.apply(&k_rot, &tables.cos, &tables.sin)?;
+        let (cos, sin) = (tables.cos.unsqueeze(1)?, tables.sin.unsqueeze(1)?);
+        let q_rot = rope.apply_as(self.rope_layout, &q_rot, &cos, &sin)?;
+        let k_rot = rope.apply_as(self.rope_layout, &k_rot, &tables.cos, &tables.sin)?;
         let q = Tensor::cat(&[&q_rot, &q_pass], 2)?; // [T, nI, dI]
         let k = Tensor::cat(&[&k_rot, &k_pass], 1)?; // [T, dI]
         emit(capture, &sub(&p.module, conv::IDX_Q), &q)?;

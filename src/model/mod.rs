@@ -12,6 +12,7 @@
 //! [`Experts::forward`]).
 
 pub mod attention;
+pub mod behaviour;
 pub mod capture;
 pub mod indexer;
 pub mod layer;
@@ -237,6 +238,8 @@ pub struct Glm5 {
     simulated_tp: Option<usize>,
     /// Ranks whose replicated copies are not rank 0's.
     replica_mismatches: Vec<ReplicaMismatch>,
+    /// [`Glm5::facts`] as loaded, kept by the first behaviour fault injected.
+    loaded_facts: Option<crate::compare::ModelFacts>,
 }
 
 /// Checks the config describes a model this forward implements exactly.
@@ -410,6 +413,7 @@ impl Glm5 {
             fallbacks,
             simulated_tp: None,
             replica_mismatches: Vec::new(),
+            loaded_facts: None,
         })
     }
 

@@ -29,7 +29,17 @@ pub struct Router {
     pub topk_group: usize,
     pub norm_topk_prob: bool,
     pub routed_scaling_factor: f64,
+    pub gating: Gating,
     pub(crate) path: String,
+}
+
+/// How the router turns its logits into scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gating {
+    /// GLM-5's (transformers' `GlmMoeDsaTopkRouter`): sigmoid per expert.
+    Sigmoid,
+    /// Softmax over the experts (`router-softmax`: a loader that drops `expert_gating_func`).
+    Softmax,
 }
 
 /// The router's three outputs.
@@ -60,6 +70,7 @@ impl Router {
             topk_group: c.topk_group,
             norm_topk_prob: c.norm_topk_prob,
             routed_scaling_factor: c.routed_scaling_factor,
+            gating: Gating::Sigmoid,
             path,
         })
     }
@@ -75,7 +86,10 @@ impl Router {
         let logits = self.weight.forward(&x.to_dtype(DType::F32)?)?; // [T, E]
         let e = logits.dim(1)?;
         let per_group = e / self.n_group;
-        let scores = candle_nn::ops::sigmoid(&logits)?;
+        let scores = match self.gating {
+            Gating::Sigmoid => candle_nn::ops::sigmoid(&logits)?,
+            Gating::Softmax => candle_nn::ops::softmax_last_dim(&logits)?,
+        };
         let choice = scores.broadcast_add(&self.bias)?;
 
         // [T, G, E/G] → top-2 per group, summed → [T, G]

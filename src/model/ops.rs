@@ -115,11 +115,22 @@ impl Rope {
     /// halved (callers unsqueeze the head dim where needed). Tables are cast to `x`'s dtype first,
     /// as transformers does.
     pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        self.apply_as(self.layout, x, cos, sin)
+    }
+
+    /// [`Rope::apply`] in `layout` whatever this rope's own (a module that rotates otherwise).
+    pub fn apply_as(
+        &self,
+        layout: RopeLayout,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<Tensor> {
         let cos = cos.to_dtype(x.dtype())?;
         let sin = sin.to_dtype(x.dtype())?;
         let last = x.rank() - 1;
         let half = self.dim / 2;
-        let (x1, x2) = match self.layout {
+        let (x1, x2) = match layout {
             RopeLayout::Interleaved => {
                 let mut shape = x.dims().to_vec();
                 shape[last] = half;

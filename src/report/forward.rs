@@ -436,6 +436,9 @@ fn divergence_text(c: &Comparison) -> String {
                         .map_or(String::new(), |x| format!(" (rel-L2 {})", num(x)))
                 ));
             }
+            if let Some(s) = &f.signature {
+                out.push_str(&format!("  {}\n", super::reading::signature_line(s)));
+            }
             out.push_str("verdict: diverged\n");
         }
     }

@@ -52,6 +52,26 @@ pub fn unsharded_source(gguf: &Path) -> String {
     format!("the unsharded forward of {}", gguf.display())
 }
 
+/// `forward --fault` without --reference: what the faulted run is compared with.
+pub fn unfaulted_source(gguf: &Path) -> String {
+    format!(
+        "the forward of {} without the injected faults",
+        gguf.display()
+    )
+}
+
+/// `forward --fault`: what was injected.
+pub fn fault_note(injections: &[crate::faults::Injection]) -> String {
+    let list: Vec<String> = injections
+        .iter()
+        .map(|i| match &i.layers {
+            Some(_) => format!("{i} ({})", i.fault.spec().about),
+            None => format!("{i} on every layer it changes ({})", i.fault.spec().about),
+        })
+        .collect();
+    format!("injected: {}", list.join("; "))
+}
+
 /// `forward --tp`: where the simulated ranks' weights came from.
 pub fn tp_note(tp: usize, weights_from: Option<&Path>, missing: &[String]) -> String {
     match weights_from {

@@ -345,7 +345,63 @@ impl fmt::Display for RowNote {
     }
 }
 
-serialize_as_sentence!(Reading, ExclusionCause, Note, RowNote);
+/// What showed a behaviour fault's signature.
+impl fmt::Display for crate::compare::behaviour::Evidence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::compare::behaviour::Evidence::*;
+        match self {
+            Router {
+                matched,
+                correct,
+                tokens,
+            } => write!(
+                f,
+                "recomputed from the candidate's own router logits, its chosen experts and weights \
+                 follow this rule at {matched} of {tokens} tokens (the correct rule: {correct})"
+            ),
+            Temperature {
+                slope,
+                expected,
+                r2,
+            } => write!(
+                f,
+                "with query and key states matching, the attention log-odds are the reference's \
+                 × {slope:.3} (R² {r2:.4}); a scale of (kv_lora_rank + rope dim)^-1/2 instead of \
+                 qk_head_dim^-1/2 gives × {expected:.3}"
+            ),
+            RopeLayout { module } => write!(
+                f,
+                "at position 0 (angle 0) the rope part of {module} is the reference's with its \
+                 halves re-interleaved: rotated half-split where the checkpoint pairs adjacent dims"
+            ),
+            NoIndexer => write!(
+                f,
+                "the reference's indexer output at this layer has no counterpart: attention ran \
+                 without the DSA top-k"
+            ),
+        }
+    }
+}
+
+/// A behaviour fault's signature in one line: `router-softmax at layer 1: …`.
+pub fn signature_line(s: &crate::compare::behaviour::Signature) -> String {
+    let name = crate::faults::Fault::Behaviour(s.fault);
+    format!(
+        "signature of {} ({}) at layer {}: {}",
+        name.cause(),
+        name.spec().about,
+        s.layer,
+        s.evidence
+    )
+}
+
+serialize_as_sentence!(
+    Reading,
+    ExclusionCause,
+    Note,
+    RowNote,
+    crate::compare::behaviour::Evidence
+);
 
 /// A tolerance basis in words: `f32 compute, Q8_0 weights (measured)`, with the overriding flags.
 impl fmt::Display for crate::compare::tolerance::Basis {
