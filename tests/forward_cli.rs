@@ -334,6 +334,7 @@ fn diff_without_replay_keeps_ties_out_of_the_verdict() {
         &glmcheck::compare::CompareOptions {
             tolerances: Tolerances::for_profile(ComputeDtype::F32, glmcheck::gguf::GgmlType::F32),
             index_topk: Some(8),
+            facts: None,
         },
     )
     .expect("compare");
@@ -851,6 +852,7 @@ fn simulated_tp_equals_the_unsharded_forward() {
             &glmcheck::compare::CompareOptions {
                 tolerances: tol.clone(),
                 index_topk: Some(8),
+                facts: None,
             },
         )
         .expect("compare");

@@ -375,6 +375,78 @@ mod tests {
         }
     }
 
+    /// A router dump of `t` tokens at layer 1 whose choices and weights follow `rule`.
+    fn router_dump(f: &ModelFacts, rule: Rule, t: usize, e: usize) -> Activations {
+        use super::super::io::{Act, Values};
+        let mut logits = Vec::new();
+        let (mut ids, mut ws) = (Vec::new(), Vec::new());
+        for i in 0..t {
+            let row: Vec<f32> = (0..e)
+                .map(|j| (((i * 7 + j * 13) % 17) as f32 - 8.0) * 0.003)
+                .collect();
+            for (x, w) in route(&row, &f.biases[&1], rule, f) {
+                ids.push(x);
+                ws.push(w);
+            }
+            logits.extend(row);
+        }
+        let mut a = Activations::default();
+        let k = f.top_k;
+        for (key, shape, values) in [
+            ("model.layers.1.mlp.gate", vec![t, e], Values::F32(logits)),
+            (
+                "model.layers.1.mlp.gate.topk_indices",
+                vec![t, k],
+                Values::I64(ids),
+            ),
+            (
+                "model.layers.1.mlp.gate.topk_weights",
+                vec![t, k],
+                Values::F32(ws),
+            ),
+        ] {
+            let dtype = match values {
+                Values::F32(_) => safetensors::Dtype::F32,
+                Values::I64(_) => safetensors::Dtype::I64,
+            };
+            a.tensors.insert(
+                key.to_string(),
+                Act {
+                    dtype,
+                    shape,
+                    values,
+                },
+            );
+        }
+        a
+    }
+
+    /// GLM-5's correction biases sit near a common offset with small differences between experts;
+    /// bf16 keeps 8 bits, so rounding erases those differences and the choices move (sglang
+    /// #37133). The tiny fixture's biases are too spread for that: there the fault is harmless.
+    #[test]
+    fn a_bias_rounded_to_bf16_is_named_and_a_correct_router_is_not() {
+        let e = 16;
+        let mut f = facts(e);
+        f.biases = [(1, (0..e).map(|i| 4.0 + 0.002 * i as f32).collect())].into();
+        let correct = Rule {
+            softmax: false,
+            bias: 1,
+            norm: true,
+            scale: true,
+        };
+        let bad = router_dump(&f, Rule { bias: 2, ..correct }, 12, e);
+        let good = router_dump(&f, correct, 12, e);
+        let sig = recognise(&good, &bad, 1, &f, 1e-3).expect("a signature");
+        assert_eq!(sig.fault, Behaviour::BiasBf16);
+        assert!(
+            matches!(sig.evidence, Evidence::Router { correct, tokens: 12, .. } if correct < 11),
+            "{:?}",
+            sig.evidence
+        );
+        assert_eq!(recognise(&good, &good, 1, &f, 1e-3), None);
+    }
+
     #[test]
     fn each_routing_rule_is_told_apart_from_the_others() {
         let f = facts(8);

@@ -188,8 +188,13 @@ pub fn simulated_tp_source(tp: usize) -> String {
 /// indented by two).
 pub fn fault_list_help() -> String {
     let mut lines = vec![String::from("Faults:")];
-    for (i, f) in FAULTS.iter().enumerate() {
-        let item = if i + 1 < FAULTS.len() {
+    // The weight faults: a dump can hold them (behaviour faults are `forward --fault`'s).
+    let weight: Vec<_> = FAULTS
+        .iter()
+        .filter(|f| f.hits != crate::faults::Hits::Forward)
+        .collect();
+    for (i, f) in weight.iter().enumerate() {
+        let item = if i + 1 < weight.len() {
             format!("{},", f.syntax())
         } else {
             f.syntax()
