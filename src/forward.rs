@@ -402,7 +402,9 @@ pub fn run(
             &CompareOptions {
                 tolerances: tol.clone(),
                 index_topk: Some(spec.index_topk),
-                facts: Some(model.facts()?),
+                // Only a forward with injected behaviour faults can carry their signatures: a
+                // clean forward's divergence is in its weights or in the reference.
+                facts: model.injected().then(|| model.facts()).transpose()?,
             },
         )?),
         None => None,

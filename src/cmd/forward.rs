@@ -179,6 +179,25 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         }
         None => Glm5::load_with(&w, options)?,
     };
+    // With --fault and nothing to compare with, the same model's forward before the faults are
+    // injected is the reference (one model in memory).
+    let unfaulted = if injections.is_empty() || a.reference.is_some() || plan.is_some() {
+        None
+    } else {
+        Some(&model)
+    };
+    let truth = truth(
+        a,
+        ref_acts,
+        unfaulted,
+        plan.as_ref(),
+        dump.as_ref(),
+        &w,
+        options,
+        &ids,
+        weights,
+    )?;
+    notes.extend(truth.note.clone());
     let mut model = model;
     for i in &injections {
         if let Some(b) = i.fault.behaviour() {
@@ -188,18 +207,6 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     if !injections.is_empty() {
         notes.push(report::fault_note(&injections));
     }
-    let truth = truth(
-        a,
-        ref_acts,
-        !injections.is_empty(),
-        plan.as_ref(),
-        dump.as_ref(),
-        &w,
-        options,
-        &ids,
-        weights,
-    )?;
-    notes.extend(truth.note.clone());
     let spec = ForwardSpec {
         dtype,
         weights,
@@ -375,7 +382,7 @@ struct Truth {
 fn truth(
     a: &ForwardArgs,
     reference: Option<Activations>,
-    faulted: bool,
+    unfaulted: Option<&Glm5>,
     plan: Option<&ShardPlan>,
     dump: Option<&RankDump>,
     w: &Weights<'_>,
@@ -389,9 +396,9 @@ fn truth(
         (None, Some(r)) => ReferenceWeights::of_dump(r, &a.file, weights),
         (None, None) => ReferenceWeights::Original,
     };
-    if faulted && reference.is_none() && plan.is_none() {
+    if let Some(model) = unfaulted {
         let mut cap = VecCapture::new();
-        Glm5::load_with(w, options)?.forward(ids, &mut cap)?;
+        model.forward(ids, &mut cap)?;
         let mut acts = Activations::from_capture(&cap, a.prompt.as_deref(), Default::default())?;
         acts.source = report::unfaulted_source(&a.file);
         return Ok(Truth {

@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::diff::diff;
+use super::divergence::FirstDivergence;
 use super::io::Activations;
 use crate::faults::Behaviour;
 
@@ -34,6 +35,10 @@ pub struct ModelFacts {
     pub qk_head_dim: usize,
     pub kv_lora_rank: usize,
     pub qk_rope_head_dim: usize,
+    pub index_topk: usize,
+    /// The run itself used plain causal attention (`--dsa dense`): a missing indexer is the
+    /// user's choice, not a fault.
+    pub dsa_dense: bool,
     /// `e_score_correction_bias` of each MoE layer.
     pub biases: BTreeMap<usize, Vec<f32>>,
 }
@@ -70,10 +75,12 @@ pub enum Evidence {
     NoIndexer,
 }
 
-/// The first behaviour signature found at `layer`, if any.
+/// The first behaviour signature found at `layer` (`first`'s layer), if any. Called only where a
+/// behaviour fault can exist: a forward with faults injected, a deployment's own activations.
 pub fn recognise(
     reference: &Activations,
     cand: &Activations,
+    first: &FirstDivergence,
     layer: usize,
     facts: &ModelFacts,
     rel_l2: f64,
@@ -84,30 +91,86 @@ pub fn recognise(
         layer,
         evidence,
     };
-    let indexer = at("self_attn.indexer");
-    if reference.tensors.contains_key(&indexer) && !cand.tensors.contains_key(&indexer) {
+    if no_indexer(reference, cand, first, layer, facts) {
         return Some(sig(Behaviour::DsaDense, Evidence::NoIndexer));
     }
-    for (module, fault, rope_first) in [
-        ("self_attn.k_rot", Behaviour::MlaRopeNeox, false),
-        ("self_attn.indexer.k", Behaviour::IndexerRopeNeox, true),
+    // (q, k, the scores they make): the kernel bug rotates both q and k the other way, and the
+    // scores between different positions then change; a dump that only stores the rotated values
+    // in another order changes neither.
+    let rope = facts.qk_rope_head_dim;
+    for (q, k, scores, fault, rope_first) in [
+        (
+            "self_attn.query_states",
+            "self_attn.k_rot",
+            "self_attn.1",
+            Behaviour::MlaRopeNeox,
+            false,
+        ),
+        (
+            "self_attn.indexer.q",
+            "self_attn.indexer.k",
+            "self_attn.indexer.index_scores",
+            Behaviour::IndexerRopeNeox,
+            true,
+        ),
     ] {
-        let key = at(module);
-        if rope_reinterleaved(
-            reference,
-            cand,
-            &key,
-            facts.qk_rope_head_dim,
-            rope_first,
-            rel_l2,
-        ) {
-            return Some(sig(fault, Evidence::RopeLayout { module: key }));
+        let both = [q, k]
+            .iter()
+            .all(|m| rope_reinterleaved(reference, cand, &at(m), rope, rope_first, rel_l2));
+        if both && differs(reference, cand, &at(scores), rel_l2) {
+            return Some(sig(fault, Evidence::RopeLayout { module: at(k) }));
         }
     }
     if let Some(e) = temperature(reference, cand, &at("self_attn"), facts, rel_l2) {
         return Some(sig(Behaviour::MlaScaleLatent, e));
     }
     router(cand, layer, facts).map(|(fault, e)| sig(fault, e))
+}
+
+/// The candidate ran attention without the indexer at `layer`: the reference has the indexer's
+/// top-k there and the candidate none, the first divergence is that layer's attention with its
+/// query and key states matching, and the prompt is longer than index_topk (else dense and sparse
+/// attention are the same).
+fn no_indexer(
+    reference: &Activations,
+    cand: &Activations,
+    first: &FirstDivergence,
+    layer: usize,
+    facts: &ModelFacts,
+) -> bool {
+    let at = |key: &str| format!("model.layers.{layer}.{key}");
+    let indexer = at("self_attn.indexer");
+    let t = reference.tokens.as_ref().map_or(0, Vec::len);
+    let in_attention = first.module.starts_with(&at("self_attn"))
+        && !first.module.starts_with(&indexer)
+        && first.inputs.iter().all(|i| {
+            i.name == indexer
+                || i.status
+                    .is_none_or(|s| s != super::driver::Status::Diverged)
+        });
+    !facts.dsa_dense
+        && t > facts.index_topk
+        && in_attention
+        && reference.tensors.contains_key(&indexer)
+        && !cand.tensors.contains_key(&indexer)
+}
+
+/// Both hold `key` and it differs beyond `rel_l2` over the entries the reference does not mask
+/// (masked scores are `finfo.min`, which would swamp the rest); NaN counts as different.
+fn differs(reference: &Activations, cand: &Activations, key: &str, rel_l2: f64) -> bool {
+    match (f32s(reference, key), f32s(cand, key)) {
+        (Some(r), Some(c)) if r.len() == c.len() => {
+            let (rv, cv): (Vec<f32>, Vec<f32>) = r
+                .iter()
+                .zip(c)
+                .filter(|(x, _)| x.abs() < 1e30)
+                .map(|(&x, &y)| (x, y))
+                .unzip();
+            let d = diff(&cv, &rv).rel_l2;
+            d.is_nan() || d > rel_l2
+        }
+        _ => false,
+    }
 }
 
 fn f32s<'a>(acts: &'a Activations, key: &str) -> Option<&'a [f32]> {
@@ -164,7 +227,8 @@ fn temperature(
     for k in ["query_states", "key_states"] {
         let key = format!("{module}.{k}");
         let (r, c) = (f32s(reference, &key)?, f32s(cand, &key)?);
-        if r.len() != c.len() || diff(c, r).rel_l2 > rel_l2 {
+        let d = diff(c, r).rel_l2;
+        if r.len() != c.len() || d.is_nan() || d > rel_l2 {
             return None;
         }
     }
@@ -273,57 +337,107 @@ fn router(cand: &Activations, layer: usize, f: &ModelFacts) -> Option<(Behaviour
         (0..t)
             .filter(|&i| {
                 let got: Vec<(i64, f32)> = (0..k).map(|j| (ids[i * k + j], w[i * k + j])).collect();
-                same_routing(&route(&lv[i * e..(i + 1) * e], bias, rule, f), &got)
+                route(&lv[i * e..(i + 1) * e], bias, rule, f).matches(&got)
             })
             .count()
     };
     let ok = count(correct);
     let need = (t * 9).div_ceil(10);
-    if ok >= need {
+    // Too few tokens for a rule to be told from chance, or the correct rule explains them.
+    if t < 8 || ok >= need {
         return None;
     }
-    rules.into_iter().find_map(|(fault, rule)| {
-        // A rule the model's settings make identical to the correct one cannot be told apart.
-        let m = count(rule);
-        (m >= need && m > ok).then_some((
+    let mut fits: Vec<(usize, Behaviour)> = rules
+        .into_iter()
+        .map(|(fault, rule)| (count(rule), fault))
+        .filter(|&(m, _)| m >= need && m >= ok + 2)
+        .collect();
+    fits.sort_by_key(|f| std::cmp::Reverse(f.0));
+    // One rule alone, or clearly ahead of the next (rounded biases can make two rules choose
+    // alike: then nothing is named).
+    match fits.as_slice() {
+        [(m, fault)] => Some((*fault, *m)),
+        [(m, fault), (next, _), ..] if *m >= next + 2 => Some((*fault, *m)),
+        _ => None,
+    }
+    .map(|(fault, matched)| {
+        (
             fault,
             Evidence::Router {
-                matched: m,
+                matched,
                 correct: ok,
                 tokens: t,
             },
-        ))
+        )
     })
 }
 
-/// One token's (expert, weight) pairs under `rule`.
-fn route(logits: &[f32], bias: &[f32], rule: Rule, f: &ModelFacts) -> Vec<(i64, f32)> {
-    let scores: Vec<f64> = if rule.softmax {
-        let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-        let ex: Vec<f64> = logits.iter().map(|&x| (x as f64 - m).exp()).collect();
-        let s: f64 = ex.iter().sum();
+/// One token's routing under a rule: the chosen (expert, weight) pairs, every expert's choice
+/// score and the k-th largest (for ties).
+struct Routed {
+    pairs: Vec<(i64, f32)>,
+    choice: Vec<f32>,
+    kth: f32,
+}
+
+impl Routed {
+    /// The same experts, each with its weight within 1 % (the candidate may have computed in
+    /// bf16); an expert swapped for another whose choice score ties the k-th (within f32 rounding)
+    /// is the same choice.
+    fn matches(&self, got: &[(i64, f32)]) -> bool {
+        if self.pairs.len() != got.len() {
+            return false;
+        }
+        let tie = |x: i64| {
+            usize::try_from(x)
+                .ok()
+                .and_then(|x| self.choice.get(x))
+                .is_some_and(|&c| {
+                    (c - self.kth).abs() <= 4.0 * f32::EPSILON * self.kth.abs().max(1.0)
+                })
+        };
+        let all_tied = |a: &[(i64, f32)], b: &[(i64, f32)]| {
+            a.iter()
+                .filter(|x| !b.iter().any(|y| y.0 == x.0))
+                .all(|x| tie(x.0))
+        };
+        if !all_tied(got, &self.pairs) || !all_tied(&self.pairs, got) {
+            return false;
+        }
+        self.pairs
+            .iter()
+            .all(|&(e, w)| match got.iter().find(|g| g.0 == e) {
+                Some(g) => (g.1 - w).abs() <= 1e-2 * w.abs().max(1e-6),
+                None => true,
+            })
+    }
+}
+
+/// One token's routing under `rule`, in f32 as the model computes it.
+fn route(logits: &[f32], bias: &[f32], rule: Rule, f: &ModelFacts) -> Routed {
+    let scores: Vec<f32> = if rule.softmax {
+        let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let ex: Vec<f32> = logits.iter().map(|&x| (x - m).exp()).collect();
+        let s: f32 = ex.iter().sum();
         ex.into_iter().map(|x| x / s).collect()
     } else {
-        logits
-            .iter()
-            .map(|&x| 1.0 / (1.0 + (-(x as f64)).exp()))
-            .collect()
+        logits.iter().map(|&x| 1.0 / (1.0 + (-x).exp())).collect()
     };
-    let choice: Vec<f64> = scores
+    let choice: Vec<f32> = scores
         .iter()
         .zip(bias)
         .map(|(&s, &b)| match rule.bias {
             0 => s,
-            1 => s + b as f64,
-            _ => s + f64::from(half::bf16::from_f32(b)),
+            1 => s + b,
+            _ => s + half::bf16::from_f32(b).to_f32(),
         })
         .collect();
     // Group limit: the topk_group groups with the largest sum of their top-2 choice scores.
     let e = choice.len();
-    let per = e / f.n_group.max(1);
-    let mut groups: Vec<(usize, f64)> = (0..f.n_group.max(1))
+    let per = (e / f.n_group.max(1)).max(1);
+    let mut groups: Vec<(usize, f32)> = (0..e / per)
         .map(|g| {
-            let mut v: Vec<f64> = choice[g * per..(g + 1) * per].to_vec();
+            let mut v: Vec<f32> = choice[g * per..(g + 1) * per].to_vec();
             v.sort_by(|a, b| b.total_cmp(a));
             (g, v.iter().take(2).sum())
         })
@@ -333,28 +447,21 @@ fn route(logits: &[f32], bias: &[f32], rule: Rule, f: &ModelFacts) -> Vec<(i64, 
     let mut cand: Vec<usize> = (0..e).filter(|i| kept.contains(&(i / per))).collect();
     cand.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]));
     cand.truncate(f.top_k);
-    let mut w: Vec<f64> = cand.iter().map(|&i| scores[i]).collect();
+    let kth = cand.last().map_or(f32::NEG_INFINITY, |&i| choice[i]);
+    let mut w: Vec<f32> = cand.iter().map(|&i| scores[i]).collect();
     if rule.norm {
-        let s: f64 = w.iter().sum::<f64>() + 1e-20;
+        let s: f32 = w.iter().sum::<f32>() + 1e-20;
         w.iter_mut().for_each(|x| *x /= s);
     }
     if rule.scale {
-        w.iter_mut().for_each(|x| *x *= f.routed_scaling_factor);
+        w.iter_mut()
+            .for_each(|x| *x *= f.routed_scaling_factor as f32);
     }
-    cand.iter()
-        .zip(w)
-        .map(|(&i, w)| (i as i64, w as f32))
-        .collect()
-}
-
-/// The same experts, each with its weight within 1 % (the candidate may have computed in bf16).
-fn same_routing(want: &[(i64, f32)], got: &[(i64, f32)]) -> bool {
-    want.len() == got.len()
-        && want.iter().all(|&(e, w)| {
-            got.iter()
-                .find(|g| g.0 == e)
-                .is_some_and(|g| (g.1 - w).abs() <= 1e-2 * w.abs().max(1e-6))
-        })
+    Routed {
+        pairs: cand.iter().zip(w).map(|(&i, w)| (i as i64, w)).collect(),
+        choice,
+        kth,
+    }
 }
 
 #[cfg(test)]
@@ -371,6 +478,8 @@ mod tests {
             qk_head_dim: 256,
             kv_lora_rank: 512,
             qk_rope_head_dim: 64,
+            index_topk: 2048,
+            dsa_dense: false,
             biases: [(1, (0..e).map(|i| 0.01 * i as f32).collect())].into(),
         }
     }
@@ -384,7 +493,7 @@ mod tests {
             let row: Vec<f32> = (0..e)
                 .map(|j| (((i * 7 + j * 13) % 17) as f32 - 8.0) * 0.003)
                 .collect();
-            for (x, w) in route(&row, &f.biases[&1], rule, f) {
+            for (x, w) in route(&row, &f.biases[&1], rule, f).pairs {
                 ids.push(x);
                 ws.push(w);
             }
@@ -437,14 +546,18 @@ mod tests {
         };
         let bad = router_dump(&f, Rule { bias: 2, ..correct }, 12, e);
         let good = router_dump(&f, correct, 12, e);
-        let sig = recognise(&good, &bad, 1, &f, 1e-3).expect("a signature");
-        assert_eq!(sig.fault, Behaviour::BiasBf16);
+        let (fault, evidence) = router(&bad, 1, &f).expect("a signature");
+        assert_eq!(fault, Behaviour::BiasBf16);
         assert!(
-            matches!(sig.evidence, Evidence::Router { correct, tokens: 12, .. } if correct < 11),
-            "{:?}",
-            sig.evidence
+            matches!(evidence, Evidence::Router { correct, tokens: 12, .. } if correct < 11),
+            "{evidence:?}"
         );
-        assert_eq!(recognise(&good, &good, 1, &f, 1e-3), None);
+        assert_eq!(router(&good, 1, &f), None);
+        // Too few tokens to tell a rule from chance: nothing is named.
+        assert_eq!(
+            router(&router_dump(&f, Rule { bias: 2, ..correct }, 6, e), 1, &f),
+            None
+        );
     }
 
     #[test]
@@ -458,7 +571,7 @@ mod tests {
             norm: true,
             scale: true,
         };
-        let base = route(&logits, bias, correct, &f);
+        let base = route(&logits, bias, correct, &f).pairs;
         assert_eq!(base.len(), 2);
         let total: f32 = base.iter().map(|x| x.1).sum();
         assert!(
@@ -479,7 +592,7 @@ mod tests {
                 ..correct
             },
         ] {
-            assert!(!same_routing(&route(&logits, bias, other, &f), &base));
+            assert!(!route(&logits, bias, other, &f).matches(&base));
         }
     }
 }

@@ -540,7 +540,7 @@ pub fn compare(
     }
     if let (Some(f), Some(facts)) = (first_divergence.as_mut(), &opts.facts) {
         if let Some(layer) = f.layer {
-            f.signature = super::behaviour::recognise(reference, cand, layer, facts, tol.rel_l2);
+            f.signature = super::behaviour::recognise(reference, cand, f, layer, facts, tol.rel_l2);
         }
     }
     let incomparable = rows
@@ -597,6 +597,7 @@ mod tests {
             kl_storage_max: 0.0,
             top1_storage_ties: 0,
             kl_by_position: Vec::new(),
+            kld_stats: Default::default(),
         };
         Comparison {
             reference: "r".into(),

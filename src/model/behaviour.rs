@@ -11,6 +11,11 @@ use super::{Glm5, ModelError};
 use crate::faults::Behaviour;
 
 impl Glm5 {
+    /// Whether a behaviour fault was injected ([`Glm5::inject`]).
+    pub fn injected(&self) -> bool {
+        self.loaded_facts.is_some()
+    }
+
     /// What the behaviour signatures need to know about this model (rank 0's routers), as loaded:
     /// before any [`Glm5::inject`] changed them.
     pub fn facts(&self) -> Result<crate::compare::ModelFacts, ModelError> {
@@ -39,6 +44,8 @@ impl Glm5 {
             qk_head_dim: c.qk_head_dim(),
             kv_lora_rank: c.kv_lora_rank,
             qk_rope_head_dim: c.qk_rope_head_dim,
+            index_topk: c.index_topk,
+            dsa_dense: self.dsa_mode() == super::DsaMode::Dense,
             biases,
         })
     }
