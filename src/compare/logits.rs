@@ -39,6 +39,199 @@ pub struct LogitsCmp {
     pub top1_storage_ties: usize,
     /// (position, KL) for every compared position.
     pub kl_by_position: Vec<(usize, f64)>,
+    /// The statistics `llama-perplexity --kl-divergence` prints, under its definitions.
+    pub kld_stats: KldStats,
+}
+
+/// What `llama-perplexity --kl-divergence` prints in its "KL divergence statistics" and "Token
+/// probability statistics" blocks, computed as its `kl_divergence()` computes them
+/// (tools/perplexity/perplexity.cpp), so that the numbers read like the ones people know.
+/// Fractions, not percents (llama.cpp prints Δp and "Same top p" ×100 %).
+///
+/// - `x ± err`: `mean_and_uncertainty`: mean `f = Σx/n`, `err = sqrt((Σx²/n − f²)/(n − 1))`,
+///   and 0 unless that variance is positive and `n > 10`.
+/// - Percentiles: the per-position values sorted, the fraction `q` at `i = q·(n − 1)` linearly
+///   interpolated between `v[⌊i⌋]` and `v[⌊i⌋ + 1]`; the median is the middle value (the mean of
+///   the two middle ones for even `n`); maximum and minimum the ends.
+/// - RMS Δp: `sqrt(mean Δp²)`, its error `0.5 / rms · err(mean Δp²)` (from `Σ Δp⁴`); 0 when the
+///   RMS is 0 (llama.cpp would print NaN).
+/// - Same top p: the fraction of positions whose argmax (the first maximum) is the same in both,
+///   without `top1_agree`'s allowance for storage ties; error `sqrt(p(1 − p)/(n − 1))` (0 for
+///   `n < 2`).
+///
+/// Differences: llama.cpp stores the reference's log-probabilities in 16 bits and skips tokens
+/// below e⁻¹⁶ in the KL sum (so its KLs can be slightly negative); these use the exact KL of
+/// `kl_by_position`. llama.cpp scores only the second half of each context chunk and prints its
+/// summary only from 100 positions; these cover the compared positions, however few.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct KldStats {
+    /// Positions the KL and same-top statistics cover (those of `kl_by_position`).
+    pub positions: usize,
+    pub kl_mean: f64,
+    pub kl_mean_err: f64,
+    pub kl_max: f64,
+    pub kl_p999: f64,
+    pub kl_p99: f64,
+    pub kl_p95: f64,
+    pub kl_p90: f64,
+    pub kl_median: f64,
+    pub kl_p10: f64,
+    pub kl_p05: f64,
+    pub kl_p01: f64,
+    pub kl_p001: f64,
+    pub kl_min: f64,
+    /// Fraction of positions with the same top token ("Same top p").
+    pub same_top: f64,
+    pub same_top_err: f64,
+    /// Δp, llama.cpp's definition: at position i, the candidate's probability of the prompt's next
+    /// token (i + 1) minus the reference's. Over the compared positions that have a next token;
+    /// `None` when the dumps name no tokens.
+    pub dp: Option<DeltaP>,
+}
+
+/// llama.cpp's "Token probability statistics": Δp (a signed fraction) over `positions`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct DeltaP {
+    pub positions: usize,
+    pub mean: f64,
+    pub mean_err: f64,
+    pub max: f64,
+    pub p999: f64,
+    pub p99: f64,
+    pub p95: f64,
+    pub p90: f64,
+    pub p75: f64,
+    pub median: f64,
+    pub p25: f64,
+    pub p10: f64,
+    pub p05: f64,
+    pub p01: f64,
+    pub p001: f64,
+    pub min: f64,
+    /// RMS Δp and its error.
+    pub rms: f64,
+    pub rms_err: f64,
+}
+
+/// llama.cpp's `mean_and_uncertainty(sum, sum2, count)`: the mean, and the standard error
+/// `sqrt((sum2/n − mean²)/(n − 1))`, 0 unless the variance is positive and `n > 10`.
+pub fn mean_and_uncertainty(sum: f64, sum2: f64, count: usize) -> (f64, f64) {
+    if count < 1 {
+        return (0.0, 0.0);
+    }
+    let n = count as f64;
+    let f = sum / n;
+    let df = sum2 / n - f * f;
+    let df = if df > 0.0 && count > 10 {
+        (df / (n - 1.0)).sqrt()
+    } else {
+        0.0
+    };
+    (f, df)
+}
+
+/// llama.cpp's `percentile(values, fraction)` of ascending `sorted` values: linear interpolation
+/// at `fraction·(n − 1)`; the ends for fractions ≤ 0 and ≥ 1. 0 for no values.
+pub fn percentile(sorted: &[f64], fraction: f64) -> f64 {
+    let (Some(&first), Some(&last)) = (sorted.first(), sorted.last()) else {
+        return 0.0;
+    };
+    if fraction <= 0.0 {
+        return first;
+    }
+    if fraction >= 1.0 {
+        return last;
+    }
+    let p = fraction * (sorted.len() - 1) as f64;
+    let ip = p as usize;
+    let p = p - ip as f64;
+    (1.0 - p) * sorted[ip] + p * sorted[(ip + 1).min(sorted.len() - 1)]
+}
+
+/// llama.cpp's median: the middle value, or the mean of the two middle ones. 0 for no values.
+pub fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    match n {
+        0 => 0.0,
+        _ if n.is_multiple_of(2) => 0.5 * (sorted[n / 2] + sorted[n / 2 - 1]),
+        _ => sorted[n / 2],
+    }
+}
+
+fn sorted(values: &[f64]) -> Vec<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v
+}
+
+impl KldStats {
+    /// From the per-position KLs, the count of positions whose top token agrees, and the
+    /// per-position Δp (`None`: no tokens to take it of).
+    pub fn from_values(kl: &[f64], same_top: usize, dp: Option<&[f64]>) -> KldStats {
+        let n = kl.len();
+        let (kl_mean, kl_mean_err) =
+            mean_and_uncertainty(kl.iter().sum(), kl.iter().map(|x| x * x).sum(), n);
+        let s = sorted(kl);
+        let same = if n == 0 {
+            0.0
+        } else {
+            same_top as f64 / n as f64
+        };
+        KldStats {
+            positions: n,
+            kl_mean,
+            kl_mean_err,
+            kl_max: s.last().copied().unwrap_or(0.0),
+            kl_p999: percentile(&s, 0.999),
+            kl_p99: percentile(&s, 0.99),
+            kl_p95: percentile(&s, 0.95),
+            kl_p90: percentile(&s, 0.90),
+            kl_median: median(&s),
+            kl_p10: percentile(&s, 0.10),
+            kl_p05: percentile(&s, 0.05),
+            kl_p01: percentile(&s, 0.01),
+            kl_p001: percentile(&s, 0.001),
+            kl_min: s.first().copied().unwrap_or(0.0),
+            same_top: same,
+            same_top_err: if n < 2 {
+                0.0
+            } else {
+                (same * (1.0 - same) / (n - 1) as f64).sqrt()
+            },
+            dp: dp.map(DeltaP::from_values),
+        }
+    }
+}
+
+impl DeltaP {
+    pub fn from_values(dp: &[f64]) -> DeltaP {
+        let n = dp.len();
+        let sum2: f64 = dp.iter().map(|x| x * x).sum();
+        let (mean, mean_err) = mean_and_uncertainty(dp.iter().sum(), sum2, n);
+        let (mse, mse_err) = mean_and_uncertainty(sum2, dp.iter().map(|x| x.powi(4)).sum(), n);
+        let rms = mse.sqrt();
+        let s = sorted(dp);
+        DeltaP {
+            positions: n,
+            mean,
+            mean_err,
+            max: s.last().copied().unwrap_or(0.0),
+            p999: percentile(&s, 0.999),
+            p99: percentile(&s, 0.99),
+            p95: percentile(&s, 0.95),
+            p90: percentile(&s, 0.90),
+            p75: percentile(&s, 0.75),
+            median: median(&s),
+            p25: percentile(&s, 0.25),
+            p10: percentile(&s, 0.10),
+            p05: percentile(&s, 0.05),
+            p01: percentile(&s, 0.01),
+            p001: percentile(&s, 0.001),
+            min: s.first().copied().unwrap_or(0.0),
+            rms,
+            rms_err: if rms > 0.0 { 0.5 / rms * mse_err } else { 0.0 },
+        }
+    }
 }
 
 pub(crate) fn log_softmax(row: &[f32]) -> Vec<f64> {
@@ -67,7 +260,7 @@ pub fn entropy(row: &[f32]) -> f64 {
 }
 
 /// `[T, V]` logits: KL(ref ‖ cand), top-1 agreement, Δp of the reference's top token, entropies,
-/// over the positions `keep` marks.
+/// over the positions `keep` marks. Without token ids: `kld_stats.dp` is `None`.
 pub fn logits_metrics(
     reference: &[f32],
     cand: &[f32],
@@ -75,10 +268,25 @@ pub fn logits_metrics(
     keep: &[bool],
     storage: (Dtype, Dtype),
 ) -> LogitsCmp {
+    logits_metrics_with_tokens(reference, cand, v, keep, storage, None)
+}
+
+/// [`logits_metrics`], with the prompt's token ids (`tokens[i + 1]` is the token position `i`
+/// predicts) for llama.cpp's Δp in `kld_stats`.
+pub fn logits_metrics_with_tokens(
+    reference: &[f32],
+    cand: &[f32],
+    v: usize,
+    keep: &[bool],
+    storage: (Dtype, Dtype),
+    tokens: Option<&[u32]>,
+) -> LogitsCmp {
     let (mut kl_sum, mut kl_max, mut kl_max_pos, mut agree, mut dp2) = (0.0, 0.0, 0, 0, 0.0);
     let (mut h_c, mut h_r, mut max_abs) = (0.0, 0.0, 0f64);
     let (mut ks_sum, mut ks_max, mut storage_ties) = (0.0, 0f64, 0);
     let mut kl_by_position = Vec::new();
+    // llama.cpp's statistics: strict top-token agreement, Δp of the next prompt token.
+    let (mut same_top, mut dp_next) = (0, Vec::new());
     let u = |x: f32, y: f32| storage_half_ulp(storage.0, x) + storage_half_ulp(storage.1, y);
     let mut n = 0;
     for (i, _) in keep.iter().enumerate().filter(|(_, &k)| k) {
@@ -117,6 +325,7 @@ pub fn logits_metrics(
         let ctop = argmax(c);
         if ctop == top {
             agree += 1;
+            same_top += 1;
         } else if (r[top] as f64 - r[ctop] as f64) <= u(r[top], c[top]) + u(r[ctop], c[ctop]) {
             // The two tokens' reference logits are within the storage rounding of each other: the
             // stored values cannot say which one the computation preferred.
@@ -124,6 +333,12 @@ pub fn logits_metrics(
             storage_ties += 1;
         }
         dp2 += (lr[top].exp() - lc[top].exp()).powi(2);
+        if let Some(&next) = tokens.and_then(|t| t.get(i + 1)) {
+            let next = next as usize;
+            if next < v {
+                dp_next.push(lc[next].exp() - lr[next].exp());
+            }
+        }
         h_r -= lr.iter().map(|&l| l.exp() * l).sum::<f64>();
         h_c -= lc.iter().map(|&l| l.exp() * l).sum::<f64>();
         for (a, b) in r.iter().zip(c) {
@@ -133,6 +348,8 @@ pub fn logits_metrics(
     let nf = n.max(1) as f64;
     let log_vocab = (v as f64).ln();
     let entropy_mean = h_c / nf;
+    let kls: Vec<f64> = kl_by_position.iter().map(|&(_, kl)| kl).collect();
+    let kld_stats = KldStats::from_values(&kls, same_top, tokens.map(|_| &dp_next[..]));
     LogitsCmp {
         positions: n,
         kl_mean: kl_sum / nf,
@@ -151,6 +368,7 @@ pub fn logits_metrics(
         kl_storage_max: ks_max,
         top1_storage_ties: storage_ties,
         kl_by_position,
+        kld_stats,
     }
 }
 
@@ -172,7 +390,9 @@ pub(crate) fn judge_logits(cx: &Ctx, row: &mut ModuleRow, ra: &Act, ca: &Act) ->
     if !fits {
         return None;
     }
-    let lc = logits_metrics(rv, cv, dims[1], &cx.keep.keep, (ra.dtype, ca.dtype));
+    let tokens = cx.reference.tokens.as_deref().or(cx.cand.tokens.as_deref());
+    let lc =
+        logits_metrics_with_tokens(rv, cv, dims[1], &cx.keep.keep, (ra.dtype, ca.dtype), tokens);
     let tol = cx.tol;
     // Storage rounding bound with 4× headroom (the bound is second order).
     let bad = lc.kl_mean > tol.kl_mean + 4.0 * lc.kl_storage_mean
@@ -232,6 +452,144 @@ mod tests {
         assert_eq!((m.positions, m.kl_mean), (1, 0.0));
         let m = logits_metrics(&reference, &cand, 2, &[true, true], F32);
         assert!(m.kl_max > 1.0 && m.kl_max_pos == 1);
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-12 * (1.0 + a.abs().max(b.abs()))
+    }
+
+    #[test]
+    fn percentiles_interpolate_at_q_times_n_minus_1() {
+        let v = [1.0, 2.0, 3.0, 4.0, 5.0];
+        // 0.9·4 = 3.6: 0.4·v[3] + 0.6·v[4].
+        assert!(close(percentile(&v, 0.9), 4.6));
+        // 0.999·4 = 3.996.
+        assert!(close(percentile(&v, 0.999), 0.004 * 4.0 + 0.996 * 5.0));
+        assert!(close(percentile(&v, 0.25), 2.0));
+        assert!(close(percentile(&v, 0.01), 0.96 * 1.0 + 0.04 * 2.0));
+        assert_eq!((percentile(&v, 0.0), percentile(&v, 1.0)), (1.0, 5.0));
+        assert_eq!(percentile(&[7.0], 0.5), 7.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+        assert_eq!(median(&v), 3.0);
+        assert_eq!(median(&[1.0, 2.0, 3.0, 10.0]), 2.5);
+    }
+
+    #[test]
+    fn uncertainty_is_the_standard_error_from_eleven_values_on() {
+        // 0, 1, …, 10: mean 5, Σx² = 385, variance 385/11 − 25 = 10, error √(10/10) = 1.
+        let x: Vec<f64> = (0..=10).map(f64::from).collect();
+        let (s, s2) = (x.iter().sum(), x.iter().map(|v| v * v).sum());
+        let (m, e) = mean_and_uncertainty(s, s2, 11);
+        assert!(close(m, 5.0) && close(e, 1.0), "{m} ± {e}");
+        // Ten values or fewer: no error, as llama.cpp.
+        let (m, e) = mean_and_uncertainty(45.0, 285.0, 10);
+        assert_eq!((m, e), (4.5, 0.0));
+        assert_eq!(mean_and_uncertainty(0.0, 0.0, 0), (0.0, 0.0));
+    }
+
+    #[test]
+    fn kld_stats_of_known_values() {
+        // Unsorted on purpose: the statistics sort them.
+        let kl: Vec<f64> = [3, 9, 0, 7, 1, 10, 5, 2, 8, 4, 6]
+            .iter()
+            .map(|&k| f64::from(k) / 100.0)
+            .collect();
+        let k = KldStats::from_values(&kl, 8, None);
+        assert_eq!(k.positions, 11);
+        assert!(close(k.kl_mean, 0.05) && close(k.kl_mean_err, 0.01));
+        assert_eq!((k.kl_max, k.kl_min, k.kl_median), (0.10, 0.0, 0.05));
+        // q·10 positions into 0.00 … 0.10: 99.9 % → 9.99 → 0.0999, 95 % → 9.5 → 0.095.
+        assert!(close(k.kl_p999, 0.0999) && close(k.kl_p99, 0.099));
+        assert!(close(k.kl_p95, 0.095) && close(k.kl_p90, 0.09));
+        assert!(close(k.kl_p10, 0.01) && close(k.kl_p001, 0.0001));
+        // 8 of 11 agree: p = 8/11, error √(p(1 − p)/10).
+        let p = 8.0 / 11.0;
+        assert!(close(k.same_top, p));
+        assert!(close(k.same_top_err, (p * (1.0 - p) / 10.0).sqrt()));
+        assert_eq!(k.dp, None);
+        // 4 of 5: √(0.8·0.2/4) = 0.2 (few positions do not zero this one in llama.cpp).
+        let k = KldStats::from_values(&[0.0; 5], 4, Some(&[]));
+        assert!(close(k.same_top_err, 0.2));
+        assert_eq!(
+            k.dp.map(|d| (d.positions, d.rms, d.rms_err)),
+            Some((0, 0.0, 0.0))
+        );
+    }
+
+    #[test]
+    fn delta_p_statistics_of_known_values() {
+        // Δp = 0, 0.1, …, 1.0 (reversed: sorting is theirs to do).
+        let dp: Vec<f64> = (0..=10).rev().map(|k| f64::from(k) / 10.0).collect();
+        let d = DeltaP::from_values(&dp);
+        assert_eq!(d.positions, 11);
+        // Mean 0.5, variance 3.85/11 − 0.25 = 0.1, error √(0.1/10) = 0.1.
+        assert!(close(d.mean, 0.5) && close(d.mean_err, 0.1));
+        // Mean Δp² = 0.35; its variance Σk⁴/10⁴/11 − 0.35² with Σk⁴ = 25333.
+        let mse_err = ((25333.0 / 1e4 / 11.0 - 0.35f64 * 0.35) / 10.0).sqrt();
+        assert!(close(d.rms, 0.35f64.sqrt()));
+        assert!(
+            close(d.rms_err, 0.5 / 0.35f64.sqrt() * mse_err),
+            "{}",
+            d.rms_err
+        );
+        assert!(close(d.p99, 0.99) && close(d.p75, 0.75) && close(d.p25, 0.25));
+        assert!(close(d.p01, 0.01) && close(d.p05, 0.05));
+        assert_eq!((d.max, d.median, d.min), (1.0, 0.5, 0.0));
+    }
+
+    #[test]
+    fn kld_stats_from_logits_follow_llama_cpp() {
+        // Position 0: p = (½, ½), q = (¾, ¼); position 1: p = (¼, ¾), q = (½, ½); position 2 equal.
+        let l3 = 3f32.ln();
+        let reference = [0.0f32, 0.0, 0.0, l3, 0.0, 0.0];
+        let cand = [l3, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let tokens = [0u32, 1, 0];
+        let m = logits_metrics_with_tokens(&reference, &cand, 2, &[true; 3], F32, Some(&tokens));
+        let k = &m.kld_stats;
+        let kl0 = 0.5 * (4.0f64 / 3.0).ln();
+        let kl1 = 0.25 * 0.5f64.ln() + 0.75 * 1.5f64.ln();
+        assert_eq!(k.positions, 3);
+        assert!((k.kl_mean - m.kl_mean).abs() < 1e-15 && k.kl_max == m.kl_max);
+        assert!((k.kl_max - kl0.max(kl1)).abs() < 1e-7);
+        assert!((k.kl_median - kl0.min(kl1)).abs() < 1e-7 && k.kl_min == 0.0);
+        // Tops: 0/0 (ties go to the first), 1/0, 0/0.
+        assert!(close(k.same_top, 2.0 / 3.0));
+        // Δp of the next token: position 0 → token 1: ¼ − ½; position 1 → token 0: ½ − ¼; position
+        // 2 has no next token.
+        let d = k.dp.as_ref().expect("tokens given");
+        assert_eq!(d.positions, 2);
+        assert!((d.min + 0.25).abs() < 1e-7 && (d.max - 0.25).abs() < 1e-7);
+        assert!(d.mean.abs() < 1e-7 && (d.rms - 0.25).abs() < 1e-7);
+        // The existing RMS Δp is of the reference's top token: ¼ at positions 0 and 1, 0 at 2.
+        assert!((m.rms_dp - (2.0f64 * 0.0625 / 3.0).sqrt()).abs() < 1e-7);
+        // A left-out position is left out of these too; no tokens, no Δp.
+        let m = logits_metrics_with_tokens(
+            &reference,
+            &cand,
+            2,
+            &[false, true, true],
+            F32,
+            Some(&tokens),
+        );
+        assert_eq!(m.kld_stats.positions, 2);
+        let d = m.kld_stats.dp.expect("tokens given");
+        assert!(d.positions == 1 && (d.max - 0.25).abs() < 1e-7);
+        assert_eq!(
+            logits_metrics(&reference, &cand, 2, &[true; 3], F32)
+                .kld_stats
+                .dp,
+            None
+        );
+    }
+
+    #[test]
+    fn same_top_has_no_storage_tie_allowance() {
+        // The two reference logits are within bf16 rounding of each other: `top1_agree` counts the
+        // flip as agreement, llama.cpp's "Same top p" does not.
+        let (reference, cand) = ([1.0f32, 1.001], [1.001f32, 1.0]);
+        let m = logits_metrics(&reference, &cand, 2, &[true], (Dtype::BF16, Dtype::BF16));
+        assert_eq!((m.top1_agree_count, m.top1_storage_ties), (1, 1));
+        assert_eq!(m.kld_stats.same_top, 0.0);
     }
 
     #[test]

@@ -345,6 +345,7 @@ fn logits_text(c: &Comparison) -> String {
             num(l.rms_dp),
             num(l.max_abs)
         ));
+        out.push_str(&kld_stats_text(&l.kld_stats));
         out.push_str(&format!(
             "next-token entropy {:.3} nats (reference {:.3}; uniform log V = {:.3}){}\n",
             l.entropy_mean,
@@ -360,6 +361,89 @@ fn logits_text(c: &Comparison) -> String {
             }
         ));
     }
+    out
+}
+
+/// Values printed together as llama-perplexity prints them, to `decimals` fixed, when the largest
+/// shows four significant digits so; else all in scientific notation (the KL between two f32 runs,
+/// 1e-12, would read 0.000000).
+fn printed(values: &[f64], decimals: i32) -> Vec<String> {
+    let largest = values
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(0f64, |a, x| a.max(x.abs()));
+    let fixed = largest == 0.0 || largest >= 10f64.powi(3 - decimals);
+    let d = decimals.max(0) as usize;
+    values
+        .iter()
+        .map(|x| {
+            if fixed {
+                format!("{x:.d$}")
+            } else {
+                format!("{x:.3e}")
+            }
+        })
+        .collect()
+}
+
+/// The logits' statistics as `llama-perplexity --kl-divergence` prints them (its definitions; KLD
+/// to 6 decimals, Δp and "Same top p" in percent to 3).
+fn kld_stats_text(k: &crate::compare::logits::KldStats) -> String {
+    let kl = printed(
+        &[
+            k.kl_mean,
+            k.kl_mean_err,
+            k.kl_max,
+            k.kl_p999,
+            k.kl_p99,
+            k.kl_p95,
+            k.kl_p90,
+            k.kl_median,
+            k.kl_min,
+        ],
+        6,
+    );
+    let mut out = format!(
+        "llama-perplexity KLD over {} position(s): mean {} ± {}, max {}, 99.9% {}, 99.0% {}, \
+         95.0% {}, 90.0% {}, median {}, min {}{}\n",
+        k.positions,
+        kl[0],
+        kl[1],
+        kl[2],
+        kl[3],
+        kl[4],
+        kl[5],
+        kl[6],
+        kl[7],
+        kl[8],
+        if k.positions <= 10 {
+            " (± is 0 at 10 positions or fewer, as there)"
+        } else {
+            ""
+        }
+    );
+    let dp = match &k.dp {
+        Some(d) => {
+            let v = printed(
+                &[
+                    d.rms, d.rms_err, d.mean, d.mean_err, d.max, d.p99, d.median, d.p01, d.min,
+                ]
+                .map(|x| 100.0 * x),
+                3,
+            );
+            format!(
+                "Δp of the next prompt token over {} position(s): RMS {} ± {} %, mean {} ± {} %, \
+                 max {} %, 99.0% {} %, median {} %, 1.0% {} %, min {} %; ",
+                d.positions, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]
+            )
+        }
+        None => "Δp: no token ids; ".into(),
+    };
+    out.push_str(&format!(
+        "{dp}Same top p {:.3} ± {:.3} %\n",
+        100.0 * k.same_top,
+        100.0 * k.same_top_err
+    ));
     out
 }
 
