@@ -12,6 +12,7 @@ pub mod export;
 pub mod faults;
 pub mod forward;
 pub mod fuzzing;
+pub mod gate;
 pub mod gguf;
 pub mod inspect;
 pub mod model;

@@ -21,6 +21,7 @@ Examples:
   glmcheck shards fixtures/tiny/tiny-F32.gguf --tp 8 --against /tmp/bad
   glmcheck forward fixtures/tiny/tiny-F32.gguf --prompt 'What is 2+2?'
   glmcheck diff ref.safetensors cand.safetensors
+  glmcheck gate model.gguf --reference ref.safetensors --junit gate.xml   # 0 pass, 1 fail, 125 cannot evaluate
   glmcheck synth --dims glm5 --layers 3 --qtype q4_k_m --out /scratch/glm5-3l.gguf
   glmcheck export fixtures/tiny/tiny-F32.gguf --hf /tmp/tiny-hf --dtype f32
   glmcheck completions bash > /etc/bash_completion.d/glmcheck";
@@ -59,6 +60,7 @@ enum Command {
     Shards(cmd::shards::ShardsArgs),
     Inject(cmd::inject::InjectArgs),
     Forward(cmd::forward::ForwardArgs),
+    Gate(cmd::gate::GateArgs),
     Diff(cmd::diff::DiffArgs),
     Synth(cmd::synth::SynthArgs),
     Export(cmd::export::ExportArgs),
@@ -74,6 +76,7 @@ impl Command {
             Command::Shards(a) => a.inputs(),
             Command::Inject(a) => a.inputs(),
             Command::Forward(a) => a.inputs(),
+            Command::Gate(a) => a.inputs(),
             Command::Diff(a) => a.inputs(),
             Command::Synth(_) => Vec::new(),
             Command::Export(a) => a.inputs(),
@@ -95,6 +98,7 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
         Command::Shards(a) => cmd::shards::run(a, &ctx),
         Command::Inject(a) => cmd::inject::run(a, &ctx),
         Command::Forward(a) => cmd::forward::run(a, &ctx),
+        Command::Gate(a) => cmd::gate::run(a, &ctx),
         Command::Diff(a) => cmd::diff::run(a, &ctx),
         Command::Synth(a) => cmd::synth::run(a, &ctx),
         Command::Export(a) => cmd::export::run(a, &ctx),

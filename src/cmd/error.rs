@@ -11,6 +11,10 @@ pub enum CmdError {
          --tp N --out DIR` and run `glmcheck forward --tp N --weights-from DIR`"
     )]
     WeightFaultInForward(String),
+    #[error("nothing to check: give --reference, --candidate, --against or --weights-from")]
+    NothingToGate,
+    #[error("{}: {why}", .file.display())]
+    GateConfig { file: PathBuf, why: String },
     #[error("--device {0}: this glmcheck was built without CUDA (build it with --features cuda: tools/build-cuda.sh)")]
     NoCuda(String),
     #[error("--device {0}: {1}")]

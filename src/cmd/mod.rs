@@ -19,6 +19,7 @@ pub mod diff;
 mod error;
 pub mod export;
 pub mod forward;
+pub mod gate;
 pub mod inject;
 pub mod inspect;
 pub mod output;
@@ -44,6 +45,8 @@ pub enum Outcome {
     Ok,
     /// A finding: problems, corruption, divergence, a config that changes what vLLM computes (exit 1).
     Finding,
+    /// `gate` could not evaluate its inputs (exit 125: `git bisect run` skips the commit).
+    CannotEvaluate,
 }
 
 impl Outcome {
@@ -52,6 +55,7 @@ impl Outcome {
         match self {
             Outcome::Ok => 0,
             Outcome::Finding => 1,
+            Outcome::CannotEvaluate => 125,
         }
     }
 

@@ -113,6 +113,13 @@ fn write_report(
     value: &impl serde::Serialize,
     inputs: &[PathBuf],
 ) -> anyhow::Result<()> {
+    let body = serde_json::to_vec_pretty(value).context("encoding the report")?;
+    write_output(path, &body, inputs)
+}
+
+/// Writes `body` to `path` atomically, with [`write_report`]'s refusals (an input, model or dump
+/// data): a report of any format (JSON, JUnit XML).
+pub fn write_output(path: &Path, body: &[u8], inputs: &[PathBuf]) -> anyhow::Result<()> {
     let canon = |p: &Path| std::fs::canonicalize(p).ok();
     if let Some(target) = canon(path) {
         if inputs.iter().any(|i| canon(i).as_ref() == Some(&target)) {
@@ -122,8 +129,7 @@ fn write_report(
             return Err(CmdError::ReportOverModelData(path.to_path_buf()).into());
         }
     }
-    let body = serde_json::to_vec_pretty(value).context("encoding the report")?;
-    crate::outputs::write_atomically(path, |tmp| std::fs::write(tmp, &body))
+    crate::outputs::write_atomically(path, |tmp| std::fs::write(tmp, body))
         .with_context(|| format!("writing the report {}", path.display()))
 }
 

@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod forward;
+pub mod gate;
 pub mod hf_config;
 pub mod notes;
 pub mod reading;
