@@ -66,6 +66,9 @@ pub enum Fault {
     VocabUnpadded,
     /// bf16 bits stored (and read) as fp16.
     Bf16AsF16,
+    /// Parameters matching the glob dequantized to bf16 before sharding (the "force-dequantize
+    /// some tensors" patch): right values, rounded to bf16.
+    ForceDequant(String),
     /// Every weight right; the forward computes something else ([`Behaviour`]).
     Behaviour(Behaviour),
 }
@@ -79,7 +82,7 @@ impl Fault {
             Hits::Role(r) => p.def.role() == Some(r),
             Hits::Styles(styles) => styles.contains(&p.style),
             Hits::Glob => match self {
-                Fault::ParamZeroed(g) => glob_match(g, &p.param),
+                Fault::ParamZeroed(g) | Fault::ForceDequant(g) => glob_match(g, &p.param),
                 _ => false,
             },
             Hits::All => true,
@@ -151,6 +154,9 @@ impl Fault {
             Fault::VocabUnpadded => unpadded_vocab_cut(full.dims()[0], tp, rank)
                 .apply(full)
                 .map_err(candle)?,
+            Fault::ForceDequant(_) => {
+                return out(p.shard(full, rank).map_err(candle)?, Dtype::BF16);
+            }
             Fault::Bf16AsF16 => {
                 let t = p.shard(full, rank).map_err(candle)?;
                 let mut d = out(t, Dtype::BF16)?;

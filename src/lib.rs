@@ -5,6 +5,7 @@
 //! typed outcome that the binary maps to the exit code.
 
 pub mod arch;
+pub mod bisect;
 pub mod cmd;
 pub mod compare;
 pub mod dump;

@@ -22,6 +22,7 @@ Examples:
   glmcheck forward fixtures/tiny/tiny-F32.gguf --prompt 'What is 2+2?'
   glmcheck diff ref.safetensors cand.safetensors
   glmcheck gate model.gguf --reference ref.safetensors --junit gate.xml   # 0 pass, 1 fail, 125 cannot evaluate
+  glmcheck bisect model.gguf --patches patches.toml --prompt 'What is 2+2?'  # which loader patch broke it
   glmcheck synth --dims glm5 --layers 3 --qtype q4_k_m --out /scratch/glm5-3l.gguf
   glmcheck export fixtures/tiny/tiny-F32.gguf --hf /tmp/tiny-hf --dtype f32
   glmcheck completions bash > /etc/bash_completion.d/glmcheck";
@@ -61,6 +62,7 @@ enum Command {
     Inject(cmd::inject::InjectArgs),
     Forward(cmd::forward::ForwardArgs),
     Gate(cmd::gate::GateArgs),
+    Bisect(cmd::bisect::BisectArgs),
     Diff(cmd::diff::DiffArgs),
     Synth(cmd::synth::SynthArgs),
     Export(cmd::export::ExportArgs),
@@ -77,6 +79,7 @@ impl Command {
             Command::Inject(a) => a.inputs(),
             Command::Forward(a) => a.inputs(),
             Command::Gate(a) => a.inputs(),
+            Command::Bisect(a) => a.inputs(),
             Command::Diff(a) => a.inputs(),
             Command::Synth(_) => Vec::new(),
             Command::Export(a) => a.inputs(),
@@ -99,6 +102,7 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
         Command::Inject(a) => cmd::inject::run(a, &ctx),
         Command::Forward(a) => cmd::forward::run(a, &ctx),
         Command::Gate(a) => cmd::gate::run(a, &ctx),
+        Command::Bisect(a) => cmd::bisect::run(a, &ctx),
         Command::Diff(a) => cmd::diff::run(a, &ctx),
         Command::Synth(a) => cmd::synth::run(a, &ctx),
         Command::Export(a) => cmd::export::run(a, &ctx),

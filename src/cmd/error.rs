@@ -15,6 +15,8 @@ pub enum CmdError {
     NothingToGate,
     #[error("{}: {why}", .file.display())]
     GateConfig { file: PathBuf, why: String },
+    #[error("{}: {why}", .file.display())]
+    Patches { file: PathBuf, why: String },
     #[error("--device {0}: this glmcheck was built without CUDA (build it with --features cuda: tools/build-cuda.sh)")]
     NoCuda(String),
     #[error("--device {0}: {1}")]

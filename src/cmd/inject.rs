@@ -16,8 +16,13 @@ pub struct InjectArgs {
     /// The GGUF file (or any part of a split set).
     pub file: PathBuf,
     /// The loader bug to reproduce.
-    #[arg(long)]
-    pub fault: String,
+    #[arg(long, required_unless_present = "patches")]
+    pub fault: Option<String>,
+    /// Several weight faults at once, as `bisect` reads them ([[patch]] fault = NAME,
+    /// layers = [..]): the dump a loader with that pile of patches would hold (the last patch
+    /// that hits a parameter gives it its fault).
+    #[arg(long, value_name = "PATCHES.toml", conflicts_with_all = ["fault", "layer", "params"])]
+    pub patches: Option<PathBuf>,
     /// Only this layer's parameters get the bug.
     #[arg(long)]
     pub layer: Option<usize>,
@@ -47,7 +52,8 @@ fn after_help() -> String {
 Examples:
   glmcheck inject --fault kvb-concat --layer 1 --tp 8 --out /tmp/bad fixtures/tiny/tiny-F32.gguf
   glmcheck shards fixtures/tiny/tiny-F32.gguf --tp 8 --against /tmp/bad
-  glmcheck inject --fault none --tp 2 --dtype bf16 --out /tmp/good model.gguf",
+  glmcheck inject --fault none --tp 2 --dtype bf16 --out /tmp/good model.gguf
+  glmcheck inject --patches patches.toml --tp 4 --out /tmp/patched model.gguf",
         report::fault_list_help()
     )
 }
@@ -55,16 +61,28 @@ Examples:
 impl InjectArgs {
     /// The paths this command reads.
     pub fn inputs(&self) -> Vec<PathBuf> {
-        vec![self.file.clone()]
+        std::iter::once(self.file.clone())
+            .chain(self.patches.clone())
+            .collect()
     }
 }
 
 pub fn run(a: &InjectArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     let tp = a.tp as usize;
-    let fault: Fault = a.fault.parse()?;
+    let fault: Fault = a.fault.as_deref().unwrap_or("none").parse()?;
     fault.check_weight()?;
     fault.check_tp(tp)?;
     let l = Loaded::new(open(&a.file)?)?;
+    let patches = match &a.patches {
+        Some(p) => {
+            let ps = super::bisect::read_patches(p, tp, l.cfg.num_hidden_layers)?;
+            for x in &ps {
+                x.fault.check_weight()?;
+            }
+            Some(ps)
+        }
+        None => None,
+    };
     let plan = l.plan(tp);
     if let Some(p) = plan.params.iter().find(|p| !p.problems.is_empty()) {
         return Err(CmdError::Unshardable {
@@ -83,9 +101,21 @@ pub fn run(a: &InjectArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         dtype: a.dtype.into(),
         names: a.vllm_names.into(),
     };
-    let written = shards::inject(&w, &plan, &spec, &a.out, &l.parts())?;
+    let written = match &patches {
+        Some(ps) => {
+            let refs: Vec<&crate::bisect::Patch> = ps.iter().collect();
+            shards::inject_with(&w, &plan, &spec, &a.out, &l.parts(), &|p| {
+                crate::bisect::fault_of(&refs, p)
+            })?
+        }
+        None => shards::inject(&w, &plan, &spec, &a.out, &l.parts())?,
+    };
     if !ctx.quiet {
-        eprintln!("{}", report::injected(written.len(), &a.out, &fault));
+        let line = match &patches {
+            Some(ps) => report::injected_patches(written.len(), &a.out, ps),
+            None => report::injected(written.len(), &a.out, &fault),
+        };
+        eprintln!("{line}");
     }
     Ok(Outcome::Ok)
 }
@@ -98,7 +128,8 @@ mod tests {
         InjectArgs {
             file: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("fixtures/tiny/tiny-F32.gguf"),
-            fault: fault.into(),
+            fault: Some(fault.into()),
+            patches: None,
             layer: None,
             params: Vec::new(),
             tp,

@@ -13,6 +13,7 @@
 #![allow(rustdoc::invalid_html_tags)]
 
 pub mod args;
+pub mod bisect;
 pub mod completions;
 pub mod dequant;
 pub mod diff;

@@ -78,7 +78,7 @@ const MERGED: &[TpStyle] = &[TpStyle::MergedColumn, TpStyle::MoeW13];
 
 /// Every known fault, in the order `--help` lists them. Parsing, `--help`, [`Fault::cause`] and
 /// [`Fault::check_tp`] read this table; nothing else spells a fault's name.
-pub static FAULTS: [FaultSpec; 19] = [
+pub static FAULTS: [FaultSpec; 20] = [
     FaultSpec {
         name: "none",
         make: Make::Plain(Fault::None),
@@ -147,6 +147,13 @@ pub static FAULTS: [FaultSpec; 19] = [
         make: Make::Plain(Fault::Bf16AsF16),
         about: "bf16 bits stored (and read) as fp16",
         hits: Hits::All,
+        min_tp: 1,
+    },
+    FaultSpec {
+        name: "force-dequant",
+        make: Make::Glob(Fault::ForceDequant),
+        about: "parameters matching GLOB dequantized to bf16 before sharding (rounded, not wrong)",
+        hits: Hits::Glob,
         min_tp: 1,
     },
     FaultSpec {
@@ -352,7 +359,7 @@ impl std::fmt::Display for Fault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Fault::RankSwap(a, b) => write!(f, "{}:{a},{b}", self.cause()),
-            Fault::ParamZeroed(g) => write!(f, "{}:{g}", self.cause()),
+            Fault::ParamZeroed(g) | Fault::ForceDequant(g) => write!(f, "{}:{g}", self.cause()),
             _ => f.write_str(self.cause()),
         }
     }
@@ -461,7 +468,7 @@ mod tests {
         assert_eq!(
             fault_list(),
             "none, kvb-concat, kvb-untransposed, rank-swap:A,B, merged-rank0, merged-midsplit, \
-             param-zeroed:GLOB, wrong-dim, vocab-unpadded, bf16-as-f16, dsa-dense, \
+             param-zeroed:GLOB, wrong-dim, vocab-unpadded, bf16-as-f16, force-dequant:GLOB, dsa-dense, \
              indexer-rope-neox, mla-rope-neox, router-softmax, router-no-bias, bias-bf16, \
              mla-scale-latent, no-norm-topk, routed-scale-missing"
         );

@@ -1,5 +1,6 @@
 //! Every renderer. Commands never format output themselves: they hand a report value to one of these.
 
+pub mod bisect;
 pub mod config;
 pub mod forward;
 pub mod gate;

@@ -30,10 +30,19 @@ pub fn rank_count_warning(dir: &Path, dump_tp: usize, tp: usize) -> String {
 
 /// `inject`: what was written.
 pub fn injected(files: usize, out: &Path, fault: &Fault) -> String {
+    injected_as(files, out, fault.cause())
+}
+
+/// `inject --patches`: what was written, the patches by name.
+pub fn injected_patches(files: usize, out: &Path, patches: &[crate::bisect::Patch]) -> String {
+    let names: Vec<String> = patches.iter().map(|p| p.injection().to_string()).collect();
+    injected_as(files, out, &names.join(" + "))
+}
+
+fn injected_as(files: usize, out: &Path, what: &str) -> String {
     format!(
-        "glmcheck: wrote {files} rank files to {} (fault {})",
-        out.display(),
-        fault.cause()
+        "glmcheck: wrote {files} rank files to {} (fault {what})",
+        out.display()
     )
 }
 
@@ -288,11 +297,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_fault_list_reads_as_before() {
+    fn the_fault_list_is_the_weight_faults_wrapped() {
         assert_eq!(
             fault_list_help(),
             "Faults: none, kvb-concat, kvb-untransposed, rank-swap:A,B, merged-rank0,\n  \
-             merged-midsplit, param-zeroed:GLOB, wrong-dim, vocab-unpadded, bf16-as-f16"
+             merged-midsplit, param-zeroed:GLOB, wrong-dim, vocab-unpadded, bf16-as-f16,\n  \
+             force-dequant:GLOB"
         );
     }
 

@@ -29,17 +29,39 @@ pub fn inject(
     out: &std::path::Path,
     inputs: &[&std::path::Path],
 ) -> Result<Vec<std::path::PathBuf>, AgainstError> {
-    let (fault, layer, only, dtype) = (spec.fault, spec.layer, spec.params, spec.dtype);
+    let (fault, layer, only) = (spec.fault, spec.layer, spec.params);
+    let in_scope = |p: &crate::plan::ParamPlan| {
+        layer.is_none_or(|l| p.layer == Some(l))
+            && (only.is_empty()
+                || only
+                    .iter()
+                    .any(|g| crate::gguf::stats::glob_match(g, &p.param)))
+    };
+    inject_with(w, plan, spec, out, inputs, &|p| {
+        if in_scope(p) {
+            fault.clone()
+        } else {
+            Fault::None
+        }
+    })
+}
+
+/// [`inject`] of several weight faults at once (the bisector's patch sets): `fault_of` names the
+/// fault each parameter gets (`Fault::None` for none).
+pub fn inject_with(
+    w: &Weights<'_>,
+    plan: &ShardPlan,
+    spec: &InjectSpec<'_>,
+    out: &std::path::Path,
+    inputs: &[&std::path::Path],
+    fault_of: &dyn Fn(&crate::plan::ParamPlan) -> Fault,
+) -> Result<Vec<std::path::PathBuf>, AgainstError> {
+    let (fault, dtype) = (spec.fault, spec.dtype);
     let tp = plan.tp;
     let mut per_rank: Vec<BTreeMap<String, DumpTensor>> = vec![BTreeMap::new(); tp];
     for p in &plan.params {
         let full = w.vllm(&p.param)?;
-        let in_scope = layer.is_none_or(|l| p.layer == Some(l))
-            && (only.is_empty()
-                || only
-                    .iter()
-                    .any(|g| crate::gguf::stats::glob_match(g, &p.param)));
-        let f = if in_scope { fault.clone() } else { Fault::None };
+        let f = fault_of(p);
         let name = crate::arch::glm_dsa::name(p.def.name_in(spec.names), p.idx);
         for (r, slot) in per_rank.iter_mut().enumerate() {
             slot.insert(name.clone(), f.inject(p, &full, w, tp, r, dtype)?);

@@ -13,7 +13,7 @@ pub use against::{
     Provenance, ProvenanceBasis, Unchecked, UncheckedReason, UnreadableRank, Verdict,
 };
 pub use diagnose::Cause;
-pub use inject::{inject, InjectSpec};
+pub use inject::{inject, inject_with, InjectSpec};
 pub use provenance::{dump_weights, DumpWeights, Relation};
 pub use verify::{verify, KvbPart, Problem, ReassemblyCheck, VerifyReport, VerifyRow};
 
