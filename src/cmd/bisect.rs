@@ -151,6 +151,13 @@ pub fn run(a: &BisectArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     emit(ctx, a.json, &report::bisect::bisect_json(&r), || {
         report::bisect::bisect_text(&r)
     })?;
+    super::output::emit_extras(
+        ctx,
+        &[
+            ("report.html", report::bisect::bisect_html(&r)),
+            ("findings.jsonl", report::bisect::bisect_jsonl(&r)),
+        ],
+    )?;
     Ok(Outcome::finding_if(!r.culprits.is_empty()))
 }
 

@@ -77,6 +77,7 @@ pub fn run(a: &DiffArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     };
     let mut cmp = compare::compare(&r, &c, &opts)?;
     cmp.allow_incomparable = a.tol.allow_incomparable;
+    super::forward::report_extras(ctx, "diff", &cmp)?;
     emit(ctx, a.json, &report::forward::diff_json(&cmp), || {
         report::forward::comparison_text(&cmp, a.all)
     })?;

@@ -199,14 +199,7 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     )?;
     notes.extend(truth.note.clone());
     let mut model = model;
-    for i in &injections {
-        if let Some(b) = i.fault.behaviour() {
-            model.inject(b, i.layers.as_deref())?;
-        }
-    }
-    if !injections.is_empty() {
-        notes.push(report::fault_note(&injections));
-    }
+    inject(&mut model, &injections, &mut notes)?;
     let spec = ForwardSpec {
         dtype,
         weights,
@@ -246,6 +239,9 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         hf.as_ref(),
         || report::forward::forward_text(&outcome, a.all),
     )?;
+    if let Some(c) = &outcome.comparison {
+        report_extras(ctx, "forward", c)?;
+    }
     let o = match &outcome.comparison {
         Some(c) => Outcome::from(c.verdict()),
         None => Outcome::Ok,
@@ -314,6 +310,34 @@ pub fn parse_tokens(s: &str) -> Result<Vec<u32>, CmdError> {
         return Err(CmdError::NoTokenIds);
     }
     Ok(ids)
+}
+
+/// Injects --fault's behaviour faults into `model` (noted).
+fn inject(
+    model: &mut Glm5,
+    injections: &[crate::faults::Injection],
+    notes: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    for i in injections {
+        if let Some(b) = i.fault.behaviour() {
+            model.inject(b, i.layers.as_deref())?;
+        }
+    }
+    if !injections.is_empty() {
+        notes.push(report::fault_note(injections));
+    }
+    Ok(())
+}
+
+/// `--report DIR`: report.html and findings.jsonl of a comparison beside report.json.
+pub fn report_extras(ctx: &Ctx, title: &str, c: &crate::compare::Comparison) -> anyhow::Result<()> {
+    super::output::emit_extras(
+        ctx,
+        &[
+            ("report.html", report::html::comparison_html(title, c)),
+            ("findings.jsonl", report::html::findings_jsonl(c)),
+        ],
+    )
 }
 
 /// --fault's behaviour faults; a weight fault is refused with the way to run it.

@@ -171,6 +171,13 @@ pub fn run(a: &GateArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         write_output(out, report::gate::gate_junit(&r).as_bytes(), &a.inputs())?;
     }
     emit(ctx, a.json, &r, || report::gate::gate_text(&r))?;
+    super::output::emit_extras(
+        ctx,
+        &[
+            ("report.html", report::gate::gate_html(&r)),
+            ("findings.jsonl", report::gate::gate_jsonl(&r)),
+        ],
+    )?;
     Ok(match r.exit_code() {
         0 => Outcome::Ok,
         125 => Outcome::CannotEvaluate,

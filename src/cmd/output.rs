@@ -48,13 +48,49 @@ pub fn emit(
     text: impl FnOnce() -> String,
 ) -> anyhow::Result<()> {
     if let Some(path) = &ctx.report {
-        write_report(path, value, &with_dir_entries(&ctx.inputs))?;
+        let inputs = with_dir_entries(&ctx.inputs);
+        match report_dir(ctx) {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating the report directory {}", dir.display()))?;
+                let wrapped = serde_json::json!({
+                    "schema": "glmcheck-report",
+                    "schema_version": 1,
+                    "glmcheck": env!("CARGO_PKG_VERSION"),
+                    "report": value,
+                });
+                write_report(&dir.join("report.json"), &wrapped, &inputs)?;
+            }
+            None => write_report(path, value, &inputs)?,
+        }
     }
     if json {
         print_json(value)
     } else {
         print_text(&text())
     }
+}
+
+/// `--report DIR`: the directory, when the path names one (an existing directory, a path ending
+/// in `/`, or a name without an extension); `--report FILE.json` writes the JSON report alone.
+pub fn report_dir(ctx: &Ctx) -> Option<&Path> {
+    let p = ctx.report.as_deref()?;
+    let dir =
+        p.is_dir() || p.as_os_str().to_string_lossy().ends_with('/') || p.extension().is_none();
+    dir.then_some(p)
+}
+
+/// With `--report DIR`, writes `files` (name, contents) into it beside report.json: each atomic,
+/// never over an input or model data. Nothing without a report directory.
+pub fn emit_extras(ctx: &Ctx, files: &[(&str, String)]) -> anyhow::Result<()> {
+    let Some(dir) = report_dir(ctx) else {
+        return Ok(());
+    };
+    let inputs = with_dir_entries(&ctx.inputs);
+    for (name, body) in files {
+        write_output(&dir.join(name), body.as_bytes(), &inputs)?;
+    }
+    Ok(())
 }
 
 /// [`emit`] with the `--hf-config` check, if any, added: its table after the text and

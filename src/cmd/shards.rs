@@ -173,5 +173,12 @@ fn against(
     })?;
     bar.finish_and_clear();
     emit_hf(ctx, a.json, &r, hf, || report::against_text(&r))?;
+    super::output::emit_extras(
+        ctx,
+        &[
+            ("report.html", report::shards::against_html(&r)),
+            ("findings.jsonl", report::shards::against_jsonl(&r)),
+        ],
+    )?;
     Ok(r.verdict.into())
 }

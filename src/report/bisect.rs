@@ -109,3 +109,46 @@ pub fn bisect_json(r: &BisectReport) -> serde_json::Value {
         "forwards": r.forwards,
     })
 }
+
+/// `--report DIR`'s report.html of a bisection.
+pub fn bisect_html(r: &BisectReport) -> String {
+    let text = bisect_text(r);
+    let mut rows: Vec<(String, String, String)> = r
+        .culprits
+        .iter()
+        .map(|c| {
+            let names: Vec<String> = c.patches.iter().map(patch_text).collect();
+            let why = c.first_divergence.as_ref().map_or(String::new(), |f| {
+                format!("first divergence {}: {}", f.module, f.reading)
+            });
+            (names.join(" + "), "FAIL".to_string(), why)
+        })
+        .collect();
+    rows.extend(r.harmless.iter().map(|h| {
+        (
+            patch_text(&h.patch),
+            "harmless".to_string(),
+            why_text(&h.patch, &h.why),
+        )
+    }));
+    super::html::table_html("bisect", text.lines().next().unwrap_or_default(), &rows)
+}
+
+/// findings.jsonl of a bisection: one patch per line.
+pub fn bisect_jsonl(r: &BisectReport) -> String {
+    let json = bisect_json(r);
+    let lines = json["culprits"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| serde_json::json!({"culprit": true, "patch": c}))
+        .chain(
+            json["harmless"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|h| serde_json::json!({"culprit": false, "patch": h})),
+        )
+        .collect::<Vec<_>>();
+    super::html::jsonl(lines)
+}

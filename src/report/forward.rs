@@ -530,7 +530,7 @@ fn divergence_text(c: &Comparison) -> String {
 }
 
 /// The verdict of a comparison, as JSON and text say it.
-fn verdict_word(c: &Comparison) -> &'static str {
+pub fn verdict_word(c: &Comparison) -> &'static str {
     match c.verdict() {
         CmpVerdict::WithinTolerance => "within tolerance",
         CmpVerdict::Diverged => "diverged",

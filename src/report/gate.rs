@@ -230,3 +230,40 @@ pub fn gate_junit(r: &GateReport) -> String {
     out.push_str("</testsuites>\n");
     out
 }
+
+/// `--report DIR`'s report.html of a gate: the verdict line and every failing (or skipped) case.
+pub fn gate_html(r: &GateReport) -> String {
+    let rows: Vec<(String, String, String)> = r
+        .suites
+        .iter()
+        .flat_map(|s| {
+            s.cases
+                .iter()
+                .filter(|c| c.result != CaseResult::Pass)
+                .map(move |c| {
+                    (
+                        format!("{}: {}", s.suite.name(), c.name),
+                        result_word(c.result).to_string(),
+                        case_message(c),
+                    )
+                })
+        })
+        .collect();
+    let first = gate_text(r);
+    let line = first.lines().next().unwrap_or_default();
+    super::html::table_html("gate", line, &rows)
+}
+
+/// findings.jsonl of a gate: one case per line.
+pub fn gate_jsonl(r: &GateReport) -> String {
+    super::html::jsonl(r.suites.iter().flat_map(|s| {
+        s.cases.iter().map(move |c| {
+            serde_json::json!({
+                "suite": s.suite.name(),
+                "case": c.name,
+                "result": result_word(c.result),
+                "message": case_message(c),
+            })
+        })
+    }))
+}

@@ -5,6 +5,7 @@ pub mod config;
 pub mod forward;
 pub mod gate;
 pub mod hf_config;
+pub mod html;
 pub mod notes;
 pub mod reading;
 pub mod shards;

@@ -442,6 +442,47 @@ impl serde::Serialize for crate::plan::PlanNote {
     }
 }
 
+/// `shards --against --report DIR`'s report.html: the verdict line and the findings table.
+pub fn against_html(r: &crate::shards::AgainstReport) -> String {
+    let rows: Vec<(String, String, String)> = r
+        .findings
+        .iter()
+        .map(|f| {
+            (
+                format!("{} (ranks {:?})", f.param, f.ranks),
+                cause_name(&f.cause).to_string(),
+                format!(
+                    "{} (rel-L2 {:.3e}, cosine {:.4})",
+                    cause_detail(&f.cause),
+                    f.rel_l2,
+                    f.cosine
+                ),
+            )
+        })
+        .collect();
+    let text = against_text(r);
+    super::html::table_html(
+        "shards --against",
+        text.lines().last().unwrap_or_default(),
+        &rows,
+    )
+}
+
+/// findings.jsonl of `shards --against`: one finding per line.
+pub fn against_jsonl(r: &crate::shards::AgainstReport) -> String {
+    super::html::jsonl(r.findings.iter().map(|f| {
+        serde_json::json!({
+            "param": f.param,
+            "layer": f.layer,
+            "ranks": f.ranks,
+            "cause": cause_name(&f.cause),
+            "why": cause_detail(&f.cause),
+            "rel_l2": f.rel_l2,
+            "cosine": f.cosine,
+        })
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
