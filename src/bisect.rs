@@ -63,6 +63,47 @@ pub fn fault_of(patches: &[&Patch], p: &crate::plan::ParamPlan) -> Fault {
         .map_or(Fault::None, |x| x.fault.clone())
 }
 
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatchFile {
+    #[serde(default)]
+    patch: Vec<PatchEntry>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatchEntry {
+    fault: String,
+    layers: Option<Vec<usize>>,
+}
+
+/// PATCHES.toml (`[[patch]] fault = NAME, layers = [..]`): each fault parsed and checked against
+/// `tp` and the model's `layers`; the error says which patch and why.
+pub fn parse_patches(text: &str, tp: usize, layers: usize) -> Result<Vec<Patch>, String> {
+    let file: PatchFile = toml::from_str(text).map_err(|e| e.to_string())?;
+    if file.patch.is_empty() {
+        return Err("no [[patch]] entries".into());
+    }
+    file.patch
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let n = i + 1;
+            let fault: Fault = p.fault.parse().map_err(|e| format!("patch {n}: {e}"))?;
+            fault.check_tp(tp).map_err(|e| format!("patch {n}: {e}"))?;
+            if let Some(l) = p.layers.iter().flatten().find(|&&l| l >= layers) {
+                return Err(format!(
+                    "patch {n}: layer {l}, the model has {layers} layers"
+                ));
+            }
+            Ok(Patch {
+                fault,
+                layers: p.layers,
+            })
+        })
+        .collect()
+}
+
 /// Where a culprit's forward first diverges.
 #[derive(Debug, Clone, Serialize)]
 pub struct Culprit {

@@ -171,3 +171,14 @@ pub fn hf_config(data: &[u8]) -> bool {
     let _ = crate::report::hf_config::hf_config_json(&check);
     true
 }
+
+/// Parses bytes as the two TOML inputs, bisect's PATCHES.toml (at tp 8 on GLM-5's 78 layers) and
+/// gate.toml. Returns whether either was accepted.
+pub fn toml_inputs(data: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return false;
+    };
+    let patches = crate::bisect::parse_patches(text, 8, 78).is_ok();
+    let gate = crate::gate::parse_config(text).is_ok();
+    patches || gate
+}

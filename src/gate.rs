@@ -16,6 +16,46 @@ use serde::Serialize;
 use crate::compare::{CmpVerdict, Comparison, FirstDivergence, ModuleRow, Status};
 use crate::shards::{AgainstReport, Finding};
 
+/// gate.toml's `[tolerances]` (each overrides the check's measured default; a flag overrides it).
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GateTolerances {
+    pub rel_l2: Option<f64>,
+    pub kl_mean: Option<f64>,
+    pub kl_max: Option<f64>,
+    pub top1_min: Option<f64>,
+    pub score_noise: Option<f64>,
+    pub router_flips: Option<f64>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GateConfig {
+    #[serde(default)]
+    tolerances: GateTolerances,
+}
+
+/// gate.toml; unknown keys and non-finite or negative thresholds are refused.
+pub fn parse_config(text: &str) -> Result<GateTolerances, String> {
+    let c: GateConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+    let t = c.tolerances;
+    for (name, v) in [
+        ("rel_l2", t.rel_l2),
+        ("kl_mean", t.kl_mean),
+        ("kl_max", t.kl_max),
+        ("top1_min", t.top1_min),
+        ("score_noise", t.score_noise),
+        ("router_flips", t.router_flips),
+    ] {
+        if let Some(v) = v {
+            if !v.is_finite() || v < 0.0 {
+                return Err(format!("tolerances.{name} = {v}: a finite number ≥ 0"));
+            }
+        }
+    }
+    Ok(t)
+}
+
 /// A group of cases from one engine run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -21,6 +21,7 @@ const TARGETS: &[(&str, Entry)] = &[
     ("tokenizer", glmcheck::fuzzing::tokenizer),
     ("activation_dump", glmcheck::fuzzing::activation_dump),
     ("hf_config", glmcheck::fuzzing::hf_config),
+    ("toml_inputs", glmcheck::fuzzing::toml_inputs),
 ];
 
 fn fuzz_dir() -> PathBuf {

@@ -2,15 +2,12 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-
 use super::args::ForwardDtype;
 use super::forward::parse_tokens;
 use super::output::emit;
 use super::{open, CmdError, Ctx, Loaded, Outcome};
 use crate::bisect::{bisect, BisectSpec, Patch};
 use crate::compare::ComputeDtype;
-use crate::faults::Fault;
 use crate::report;
 
 /// Find which of the loader patches applied together make the forward diverge.
@@ -70,20 +67,6 @@ impl BisectArgs {
     }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PatchFile {
-    #[serde(default)]
-    patch: Vec<PatchEntry>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PatchEntry {
-    fault: String,
-    layers: Option<Vec<usize>>,
-}
-
 /// PATCHES.toml's patches, each fault parsed and checked against the tp and the model's layers.
 pub fn read_patches(path: &Path, tp: usize, layers: usize) -> anyhow::Result<Vec<Patch>> {
     let bad = |why: String| CmdError::Patches {
@@ -91,34 +74,7 @@ pub fn read_patches(path: &Path, tp: usize, layers: usize) -> anyhow::Result<Vec
         why,
     };
     let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-    let file: PatchFile = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
-    if file.patch.is_empty() {
-        return Err(bad("no [[patch]] entries".into()).into());
-    }
-    file.patch
-        .into_iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let fault: Fault = p
-                .fault
-                .parse()
-                .map_err(|e| bad(format!("patch {}: {e}", i + 1)))?;
-            fault
-                .check_tp(tp)
-                .map_err(|e| bad(format!("patch {}: {e}", i + 1)))?;
-            if let Some(l) = p.layers.iter().flatten().find(|&&l| l >= layers) {
-                return Err(bad(format!(
-                    "patch {}: layer {l}, the model has {layers} layers",
-                    i + 1
-                ))
-                .into());
-            }
-            Ok(Patch {
-                fault,
-                layers: p.layers,
-            })
-        })
-        .collect()
+    Ok(crate::bisect::parse_patches(&text, tp, layers).map_err(bad)?)
 }
 
 pub fn run(a: &BisectArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {

@@ -2,8 +2,6 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-
 use super::args::{ForwardDtype, TolFlags};
 use super::forward::parse_tokens;
 use super::output::{emit, write_output};
@@ -102,48 +100,27 @@ impl GateArgs {
     }
 }
 
-/// `gate.toml`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GateConfig {
-    #[serde(default)]
-    tolerances: TolConfig,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TolConfig {
-    rel_l2: Option<f64>,
-    kl_mean: Option<f64>,
-    kl_max: Option<f64>,
-    top1_min: Option<f64>,
-    score_noise: Option<f64>,
-    router_flips: Option<f64>,
-}
-
-impl TolConfig {
-    /// The file's thresholds under the flags': a flag given wins.
-    fn under(&self, flags: &TolFlags) -> TolFlags {
-        TolFlags {
-            rel_l2: flags.rel_l2.or(self.rel_l2),
-            kl_mean: flags.kl_mean.or(self.kl_mean),
-            kl_max: flags.kl_max.or(self.kl_max),
-            top1_min: flags.top1_min.or(self.top1_min),
-            score_noise: flags.score_noise.or(self.score_noise),
-            router_flips: flags.router_flips.or(self.router_flips),
-            allow_incomparable: flags.allow_incomparable,
-            reference_weights: flags.reference_weights,
-        }
+/// gate.toml's thresholds under the flags': a flag given wins.
+fn under(t: &crate::gate::GateTolerances, flags: &TolFlags) -> TolFlags {
+    TolFlags {
+        rel_l2: flags.rel_l2.or(t.rel_l2),
+        kl_mean: flags.kl_mean.or(t.kl_mean),
+        kl_max: flags.kl_max.or(t.kl_max),
+        top1_min: flags.top1_min.or(t.top1_min),
+        score_noise: flags.score_noise.or(t.score_noise),
+        router_flips: flags.router_flips.or(t.router_flips),
+        allow_incomparable: flags.allow_incomparable,
+        reference_weights: flags.reference_weights,
     }
 }
 
-fn read_config(path: &Path) -> anyhow::Result<GateConfig> {
+fn read_config(path: &Path) -> anyhow::Result<crate::gate::GateTolerances> {
     let bad = |why: String| CmdError::GateConfig {
         file: path.to_path_buf(),
         why,
     };
     let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-    toml::from_str(&text).map_err(|e| bad(e.to_string()).into())
+    Ok(crate::gate::parse_config(&text).map_err(bad)?)
 }
 
 pub fn run(a: &GateArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
@@ -155,7 +132,7 @@ pub fn run(a: &GateArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         return Err(CmdError::NothingToGate.into());
     }
     let flags = match &a.config {
-        Some(p) => read_config(p)?.tolerances.under(&a.tol),
+        Some(p) => under(&read_config(p)?, &a.tol),
         None => a.tol.clone(),
     };
     let model = a.model.display().to_string();
