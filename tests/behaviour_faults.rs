@@ -2,26 +2,14 @@
 //! injected with `forward --fault NAME@L` diverges at layer L and is named by its signature there;
 //! the unfaulted run and a weight fault carry no behaviour signature; bad --fault values exit 2.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use common::{fixture, glmcheck};
 
 use glmcheck::faults::{Hits, FAULTS};
 use serde_json::Value as Json;
 
 const P0: &str = "294,266,220,17,10,17,30,220,468,478,68,286,262,414,13,278,286,266";
-
-fn fixture(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/tiny")
-        .join(rel)
-}
-
-fn glmcheck(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_glmcheck"))
-        .args(args)
-        .output()
-        .expect("run glmcheck")
-}
 
 /// `forward tiny-F32 --tokens P0 --json` with `extra`; the exit code and the JSON.
 fn forward(extra: &[&str]) -> (i32, Json) {

@@ -1,7 +1,11 @@
 //! `glmcheck bisect` over a pile of loader patches, and `git bisect run glmcheck gate` over a
 //! scripted history of patch files.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{fixture, glmcheck, path_str as s};
+
+use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::Value as Json;
@@ -9,23 +13,6 @@ use serde_json::Value as Json;
 const P0: &str = "294,266,220,17,10,17,30,220,468,478,68,286,262,414,13,278,286,266";
 /// Five tokens: no longer than the fixture's index_topk (8).
 const SHORT: &str = "294,266,220,17,10";
-
-fn fixture(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/tiny")
-        .join(rel)
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
-fn glmcheck(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_glmcheck"))
-        .args(args)
-        .output()
-        .expect("run glmcheck")
-}
 
 const PILE: &str = r#"
 [[patch]]

@@ -2,30 +2,16 @@
 //! testcase naming the parameter, names a behaviour fault in a deployment's activations, and
 //! exits 125 when it cannot evaluate (what `git bisect run` skips) and 2 on bad arguments.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use common::{fixture, glmcheck, path_str as s};
+
+use std::path::Path;
 
 use glmcheck::faults::{Hits, Make, FAULTS};
 use serde_json::Value as Json;
 
 const P0: &str = "294,266,220,17,10,17,30,220,468,478,68,286,262,414,13,278,286,266";
-
-fn fixture(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/tiny")
-        .join(rel)
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
-fn glmcheck(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_glmcheck"))
-        .args(args)
-        .output()
-        .expect("run glmcheck")
-}
 
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("temp dir")

@@ -2,27 +2,14 @@
 //! plots show the first divergence at the right layer — checked in the file, and, where Debian's
 //! `chromium` is installed, in the DOM headless Chromium builds from it and its screenshot.
 
+mod common;
+
+use common::{fixture, glmcheck, path_str as s};
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 const P0: &str = "294,266,220,17,10,17,30,220,468,478,68,286,262,414,13,278,286,266";
-
-fn fixture(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/tiny")
-        .join(rel)
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
-fn glmcheck(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_glmcheck"))
-        .args(args)
-        .output()
-        .expect("run glmcheck")
-}
 
 /// The kvb-concat fixture run (4 simulated ranks, layer 1's kv_b_proj rebuilt wrong) against
 /// transformers' dump, reported into DIR/report.
