@@ -162,3 +162,49 @@ fn bad_fault_arguments_exit_2_with_the_reason() {
         assert!(err.contains(says), "{fault}: {err}");
     }
 }
+
+/// GLM-5's correction biases sit near a common offset with small differences, where bf16's step is
+/// coarse, so rounding moves the choices (sglang #37133 saw 98 % of tokens change). The fixture's
+/// own biases are small and far apart: rounding them changes no choice. Here layer 1's are set to
+/// 32 + 0.1·i (bf16 step 1/4 there, as large as the gaps between the fixture's scores; at 8 + 0.02·i
+/// one token of 18 flipped, too few to name a rule), written by the GGUF writer the other tests
+/// use, and the run is compared with the unfaulted forward of the same file.
+#[test]
+fn a_bias_rounded_to_bf16_is_named_where_the_biases_are_glm5_like() {
+    use glmcheck::gguf::{GgmlType, GgufModel};
+    let d = tempfile::tempdir().expect("temp dir");
+    let edited = d.path().join("bias8.gguf");
+    let model = GgufModel::open(&fixture("tiny-F32.gguf")).expect("fixture");
+    common::write_edited(
+        &model,
+        &edited,
+        |_, v| v.clone(),
+        |name, dtype, bytes| {
+            if name == "blk.1.exp_probs_b.bias" && dtype == GgmlType::F32 {
+                let n = bytes.len() / 4;
+                let b: Vec<u8> = (0..n)
+                    .flat_map(|i| (32.0f32 + 0.1 * i as f32).to_le_bytes())
+                    .collect();
+                (dtype, b)
+            } else {
+                (dtype, bytes.to_vec())
+            }
+        },
+    );
+    let out = glmcheck(&[
+        "forward",
+        common::path_str(&edited),
+        "--tokens",
+        P0,
+        "--max-new-tokens",
+        "0",
+        "--fault",
+        "bias-bf16",
+        "--json",
+    ]);
+    let j = common::json_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{}", j["verdict"]);
+    let s = &j["first_divergence"]["signature"];
+    assert_eq!(s["fault"], "bias-bf16", "{}", j["first_divergence"]);
+    assert_eq!(s["layer"], 1);
+}
