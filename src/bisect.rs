@@ -217,7 +217,19 @@ impl Trials<'_> {
             })?;
             Some(RankDump::open(&dir)?)
         };
-        let mut m = Glm5::sharded(self.w, self.plan, dump.as_ref(), self.options)?;
+        // fp16-compute is the compute dtype: the trial's model is built in f16.
+        let fp16 = chosen
+            .iter()
+            .any(|p| p.fault.behaviour() == Some(crate::faults::Behaviour::Fp16Compute));
+        let options = ModelOptions {
+            dtype: if fp16 {
+                candle_core::DType::F16
+            } else {
+                self.options.dtype
+            },
+            ..self.options
+        };
+        let mut m = Glm5::sharded(self.w, self.plan, dump.as_ref(), options)?;
         for p in &chosen {
             if let Some(b) = p.fault.behaviour() {
                 m.inject(b, p.layers.as_deref())?;

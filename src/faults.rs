@@ -42,6 +42,9 @@ pub enum Behaviour {
     NoNormTopk,
     /// `routed_scaling_factor` not applied to the routed experts' weights.
     RoutedScaleMissing,
+    /// The whole forward computed in fp16 (GGUF kernels' fp16 paths, vLLM #30090): activations
+    /// beyond fp16's range (65504) overflow where bf16 would not. Applied when the model is built.
+    Fp16Compute,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

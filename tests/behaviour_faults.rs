@@ -48,11 +48,12 @@ fn every_behaviour_fault_is_named_at_its_layer_against_transformers() {
     let reference = fixture("activations/prompt0.safetensors");
     let reference = reference.to_str().expect("utf-8 path");
     let behaviours: Vec<_> = FAULTS.iter().filter(|f| f.hits == Hits::Forward).collect();
-    assert_eq!(behaviours.len(), 9, "the table's behaviour faults");
+    assert_eq!(behaviours.len(), 10, "the table's behaviour faults");
     for spec in behaviours {
         // bias-bf16 changes nothing on this fixture (its biases are far apart for bf16):
         // the next test; its signature is tested on a router dump in compare::behaviour.
-        if spec.name == "bias-bf16" {
+        // fp16-compute likewise (the fixture's activations stay far inside fp16's range): below.
+        if spec.name == "bias-bf16" || spec.name == "fp16-compute" {
             continue;
         }
         for &l in layers(spec.name) {
@@ -207,4 +208,52 @@ fn a_bias_rounded_to_bf16_is_named_where_the_biases_are_glm5_like() {
     let s = &j["first_divergence"]["signature"];
     assert_eq!(s["fault"], "bias-bf16", "{}", j["first_divergence"]);
     assert_eq!(s["layer"], 1);
+}
+
+/// Activations beyond fp16's range: layer 0's dense down_proj scaled by 1e6 (its outputs reach
+/// ~1e5; GLM-5's residual stream has such outliers). In f32 the forward stays finite; in fp16 that
+/// module overflows, and the signature names fp16-compute there. On the unedited fixture fp16
+/// stays within its own bounds (a harmless fault, exit 0).
+#[test]
+fn fp16_overflow_is_named_where_activations_leave_its_range() {
+    use glmcheck::gguf::{GgmlType, GgufModel};
+    let (code, j) = forward(&["--fault", "fp16-compute"]);
+    assert_eq!(code, 0, "{}", j["first_divergence"]);
+    let d = tempfile::tempdir().expect("temp dir");
+    let edited = d.path().join("big.gguf");
+    let model = GgufModel::open(&fixture("tiny-F32.gguf")).expect("fixture");
+    common::write_edited(
+        &model,
+        &edited,
+        |_, v| v.clone(),
+        |name, dtype, bytes| {
+            if name == "blk.0.ffn_down.weight" && dtype == GgmlType::F32 {
+                let b: Vec<u8> = bytes
+                    .chunks_exact(4)
+                    .flat_map(|c| {
+                        (f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * 1e6).to_le_bytes()
+                    })
+                    .collect();
+                (dtype, b)
+            } else {
+                (dtype, bytes.to_vec())
+            }
+        },
+    );
+    let out = glmcheck(&[
+        "forward",
+        common::path_str(&edited),
+        "--tokens",
+        P0,
+        "--max-new-tokens",
+        "0",
+        "--fault",
+        "fp16-compute",
+        "--json",
+    ]);
+    let j = common::json_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{}", j["verdict"]);
+    let f = &j["first_divergence"];
+    assert_eq!(f["signature"]["fault"], "fp16-compute", "{f}");
+    assert_eq!(f["layer"], 0, "{f}");
 }

@@ -10,6 +10,7 @@ use super::output::emit_hf;
 use super::{hf_config_check, open, CmdError, Ctx, Loaded, Outcome};
 use crate::compare::{Activations, ComputeDtype, ReferenceWeights, Tolerances};
 use crate::dump::RankDump;
+use crate::faults::Behaviour::Fp16Compute;
 use crate::forward::{self as fwd, ForwardSpec};
 use crate::gguf::{GgmlType, GgufModel};
 use crate::model::{Glm5, MatmulMode, ModelOptions, VecCapture};
@@ -166,19 +167,15 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     let dump = rank_dump(a)?;
     let plan = a.tp.map(|tp| l.plan(tp as usize));
     // One model: the unsharded one, or `tp` ranks of the same modules (simulated TP).
-    let model = match &plan {
-        Some(plan) => {
-            let m = Glm5::sharded(&w, plan, dump.as_ref(), options)?;
-            notes.push(report::tp_note(
-                m.tp(),
-                a.weights_from.as_deref(),
-                m.fallbacks(),
-            ));
-            notes.extend(m.replica_mismatches().iter().map(report::replica_note));
-            m
-        }
-        None => Glm5::load_with(&w, options)?,
-    };
+    let model = build(&w, plan.as_ref(), dump.as_ref(), options)?;
+    if plan.is_some() {
+        notes.push(report::tp_note(
+            model.tp(),
+            a.weights_from.as_deref(),
+            model.fallbacks(),
+        ));
+        notes.extend(model.replica_mismatches().iter().map(report::replica_note));
+    }
     // With --fault and nothing to compare with, the same model's forward before the faults are
     // injected is the reference (one model in memory).
     let unfaulted = if injections.is_empty() || a.reference.is_some() || plan.is_some() {
@@ -198,7 +195,9 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
         weights,
     )?;
     notes.extend(truth.note.clone());
-    let mut model = model;
+    let (mut model, dtype) = in_f16_if_faulted(model, dtype, &injections, |o| {
+        build(&w, plan.as_ref(), dump.as_ref(), o)
+    })?;
     inject(&mut model, &injections, &mut notes)?;
     let spec = ForwardSpec {
         dtype,
@@ -310,6 +309,41 @@ pub fn parse_tokens(s: &str) -> Result<Vec<u32>, CmdError> {
         return Err(CmdError::NoTokenIds);
     }
     Ok(ids)
+}
+
+/// With fp16-compute among the faults, `model` is dropped and built again in f16 (the compute
+/// dtype is chosen when the weights are converted); else it is kept.
+fn in_f16_if_faulted(
+    model: Glm5,
+    dtype: ComputeDtype,
+    injections: &[crate::faults::Injection],
+    build: impl FnOnce(ModelOptions) -> Result<Glm5, crate::model::ModelError>,
+) -> anyhow::Result<(Glm5, ComputeDtype)> {
+    if !injections
+        .iter()
+        .any(|i| i.fault.behaviour() == Some(Fp16Compute))
+    {
+        return Ok((model, dtype));
+    }
+    let options = ModelOptions {
+        dtype: ComputeDtype::F16.candle(),
+        ..model.options()
+    };
+    drop(model);
+    Ok((build(options)?, ComputeDtype::F16))
+}
+
+/// The unsharded model, or `plan`'s simulated ranks (from `dump`'s weights when given).
+fn build(
+    w: &Weights<'_>,
+    plan: Option<&ShardPlan>,
+    dump: Option<&RankDump>,
+    options: ModelOptions,
+) -> Result<Glm5, crate::model::ModelError> {
+    match plan {
+        Some(plan) => Glm5::sharded(w, plan, dump, options),
+        None => Glm5::load_with(w, options),
+    }
 }
 
 /// Injects --fault's behaviour faults into `model` (noted).

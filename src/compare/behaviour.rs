@@ -73,6 +73,13 @@ pub enum Evidence {
     RopeLayout { module: String },
     /// No indexer output at this layer.
     NoIndexer,
+    /// `nonfinite` values in the candidate's `module` where the reference's are all finite and
+    /// reach `max_abs`, beyond fp16's largest finite value (65504).
+    Overflow {
+        module: String,
+        nonfinite: usize,
+        max_abs: f64,
+    },
 }
 
 /// The first behaviour signature found at `layer` (`first`'s layer), if any. Called only where a
@@ -91,6 +98,9 @@ pub fn recognise(
         layer,
         evidence,
     };
+    if let Some(e) = overflow(reference, cand, &first.module) {
+        return Some(sig(Behaviour::Fp16Compute, e));
+    }
     if no_indexer(reference, cand, first, layer, facts) {
         return Some(sig(Behaviour::DsaDense, Evidence::NoIndexer));
     }
@@ -153,6 +163,20 @@ fn no_indexer(
         && in_attention
         && reference.tensors.contains_key(&indexer)
         && !cand.tensors.contains_key(&indexer)
+}
+
+/// fp16's overflow: the candidate's `module` holds inf/NaN where the reference's values are all
+/// finite and some exceed fp16's largest finite value.
+fn overflow(reference: &Activations, cand: &Activations, module: &str) -> Option<Evidence> {
+    let (r, c) = (f32s(reference, module)?, f32s(cand, module)?);
+    let nonfinite = c.iter().filter(|x| !x.is_finite()).count();
+    let max_abs = r.iter().fold(0f64, |m, &x| m.max(f64::from(x).abs()));
+    let fits = nonfinite > 0 && r.iter().all(|x| x.is_finite()) && max_abs > 65504.0;
+    fits.then(|| Evidence::Overflow {
+        module: module.to_string(),
+        nonfinite,
+        max_abs,
+    })
 }
 
 /// Both hold `key` and it differs beyond `rel_l2` over the entries the reference does not mask

@@ -78,7 +78,7 @@ const MERGED: &[TpStyle] = &[TpStyle::MergedColumn, TpStyle::MoeW13];
 
 /// Every known fault, in the order `--help` lists them. Parsing, `--help`, [`Fault::cause`] and
 /// [`Fault::check_tp`] read this table; nothing else spells a fault's name.
-pub static FAULTS: [FaultSpec; 20] = [
+pub static FAULTS: [FaultSpec; 21] = [
     FaultSpec {
         name: "none",
         make: Make::Plain(Fault::None),
@@ -216,6 +216,14 @@ pub static FAULTS: [FaultSpec; 20] = [
         name: "routed-scale-missing",
         make: Make::Plain(Fault::Behaviour(Behaviour::RoutedScaleMissing)),
         about: "routed_scaling_factor not applied",
+        hits: Hits::Forward,
+        min_tp: 1,
+    },
+    FaultSpec {
+        name: "fp16-compute",
+        make: Make::Plain(Fault::Behaviour(Behaviour::Fp16Compute)),
+        about:
+            "the forward computed in fp16: activations beyond 65504 overflow where bf16 would not",
         hits: Hits::Forward,
         min_tp: 1,
     },
@@ -470,7 +478,7 @@ mod tests {
             "none, kvb-concat, kvb-untransposed, rank-swap:A,B, merged-rank0, merged-midsplit, \
              param-zeroed:GLOB, wrong-dim, vocab-unpadded, bf16-as-f16, force-dequant:GLOB, dsa-dense, \
              indexer-rope-neox, mla-rope-neox, router-softmax, router-no-bias, bias-bf16, \
-             mla-scale-latent, no-norm-topk, routed-scale-missing"
+             mla-scale-latent, no-norm-topk, routed-scale-missing, fp16-compute"
         );
     }
 

@@ -55,6 +55,20 @@ impl Glm5 {
     /// that changes no layer at all is an error.
     pub fn inject(&mut self, b: Behaviour, layers: Option<&[usize]>) -> Result<(), ModelError> {
         let n = self.config().num_hidden_layers;
+        if b == Behaviour::Fp16Compute {
+            // The compute dtype is chosen when the model is built (every weight converted).
+            if layers.is_some() || self.options().dtype != DType::F16 {
+                return Err(ModelError::Unsupported(
+                    "fp16-compute is the whole forward's compute dtype: build the model in f16, \
+                     on every layer (forward --fault fp16-compute does)"
+                        .into(),
+                ));
+            }
+            if self.loaded_facts.is_none() {
+                self.loaded_facts = Some(self.facts()?);
+            }
+            return Ok(());
+        }
         if let Some(bad) = layers.and_then(|ls| ls.iter().find(|&&l| l >= n)) {
             return Err(ModelError::Unsupported(format!(
                 "layer {bad}: the model has {n} layers (0..{})",
@@ -91,6 +105,7 @@ impl Glm5 {
                         attn.rope_layout = RopeLayout::HalfSplit;
                         true
                     }
+                    (Behaviour::Fp16Compute, _) => true,
                     (Behaviour::MlaScaleLatent, _) => {
                         attn.scale = ((c.kv_lora_rank + c.qk_rope_head_dim) as f64).powf(-0.5);
                         true

@@ -379,6 +379,16 @@ impl fmt::Display for crate::compare::behaviour::Evidence {
                 "the reference's indexer output at this layer has no counterpart: attention ran \
                  without the DSA top-k"
             ),
+            Overflow {
+                module,
+                nonfinite,
+                max_abs,
+            } => write!(
+                f,
+                "{module} holds {nonfinite} inf/NaN value(s) where the reference's are finite and \
+                 reach {max_abs:.3e}, beyond fp16's largest finite value 65504 (bf16 and f32 reach \
+                 3.4e38)"
+            ),
         }
     }
 }
