@@ -26,6 +26,9 @@ pub struct GateTolerances {
     pub top1_min: Option<f64>,
     pub score_noise: Option<f64>,
     pub router_flips: Option<f64>,
+    /// `[tolerances.rel_l2_by_class]`: `"mlp.experts*" = 0.2` (module class glob → largest rel-L2).
+    #[serde(default)]
+    pub rel_l2_by_class: std::collections::BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -46,7 +49,13 @@ pub fn parse_config(text: &str) -> Result<GateTolerances, String> {
         ("top1_min", t.top1_min),
         ("score_noise", t.score_noise),
         ("router_flips", t.router_flips),
-    ] {
+    ]
+    .into_iter()
+    .chain(
+        t.rel_l2_by_class
+            .values()
+            .map(|&v| ("rel_l2_by_class", Some(v))),
+    ) {
         if let Some(v) = v {
             if !v.is_finite() || v < 0.0 {
                 return Err(format!("tolerances.{name} = {v}: a finite number ≥ 0"));

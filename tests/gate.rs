@@ -264,3 +264,53 @@ fn gate_toml_thresholds_apply_and_flags_override_them() {
     );
     assert_eq!(code, 0, "the flags win over the file");
 }
+
+#[test]
+fn rel_l2_bounds_per_module_class_apply() {
+    let d = tmp();
+    let q4 = fixture("tiny-Q4_K_M.gguf");
+    let reference = fixture("activations/prompt0.safetensors");
+    // Every module at a bound meant for identical weights fails Q4_K_M against the originals; the
+    // same file with every class given Q4's measured bound back passes.
+    let strict = d.path().join("strict.toml");
+    std::fs::write(&strict, "[tolerances]\nrel_l2 = 1e-6\n").expect("write");
+    let (code, _, _) = gate(
+        d.path(),
+        &[s(&q4), "--reference", s(&reference), "--config", s(&strict)],
+    );
+    assert_eq!(code, 1);
+    let classes = d.path().join("classes.toml");
+    std::fs::write(
+        &classes,
+        "[tolerances]\nrel_l2 = 1e-6\n[tolerances.rel_l2_by_class]\n\"*\" = 0.6\n",
+    )
+    .expect("write");
+    let (code, j, _) = gate(
+        d.path(),
+        &[
+            s(&q4),
+            "--reference",
+            s(&reference),
+            "--config",
+            s(&classes),
+        ],
+    );
+    assert_eq!(code, 0, "{j}");
+    // A class that matches nothing leaves the strict bound in force.
+    std::fs::write(
+        &classes,
+        "[tolerances]\nrel_l2 = 1e-6\n[tolerances.rel_l2_by_class]\n\"no.such.module\" = 0.6\n",
+    )
+    .expect("write");
+    let (code, _, _) = gate(
+        d.path(),
+        &[
+            s(&q4),
+            "--reference",
+            s(&reference),
+            "--config",
+            s(&classes),
+        ],
+    );
+    assert_eq!(code, 1);
+}

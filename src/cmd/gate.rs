@@ -38,6 +38,8 @@ gate.toml:
   kl_max = 0.2
   top1_min = 0.9
   rel_l2 = 0.1
+  [tolerances.rel_l2_by_class]   # module path without model.layers.N. (glob); first match wins
+  \"mlp.experts*\" = 0.3
 
 Token ids: --tokens or --prompt, else the reference's (or candidate's) `token_ids` metadata.
 
@@ -131,12 +133,22 @@ pub fn run(a: &GateArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
     {
         return Err(CmdError::NothingToGate.into());
     }
-    let flags = match &a.config {
-        Some(p) => under(&read_config(p)?, &a.tol),
-        None => a.tol.clone(),
+    let config = match &a.config {
+        Some(p) => read_config(p)?,
+        None => Default::default(),
     };
+    let flags = under(&config, &a.tol);
+    let by_class: Vec<(String, f64)> = config.rel_l2_by_class.into_iter().collect();
     let model = a.model.display().to_string();
-    let r = match checks(a, &flags) {
+    let tune = |t: Tolerances| {
+        let mut t = flags.apply(t);
+        if !by_class.is_empty() {
+            t.rel_l2_by_class = by_class.clone();
+            t.basis.overridden.push("rel-l2-by-class");
+        }
+        t
+    };
+    let r = match checks(a, &flags, &tune) {
         Ok(suites) => GateReport::new(model, suites),
         // No token ids for a forward: the arguments' fault, not the inputs'.
         Err(e) if matches!(e.downcast_ref::<CmdError>(), Some(CmdError::NoPrompt)) => {
@@ -163,7 +175,11 @@ pub fn run(a: &GateArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
 }
 
 /// Every check the inputs allow; an `Err` is an input the gate cannot evaluate.
-fn checks(a: &GateArgs, flags: &TolFlags) -> anyhow::Result<Vec<SuiteResult>> {
+fn checks(
+    a: &GateArgs,
+    flags: &TolFlags,
+    tune: &dyn Fn(Tolerances) -> Tolerances,
+) -> anyhow::Result<Vec<SuiteResult>> {
     let l = Loaded::new(open(&a.model)?)?;
     let tp = a.tp as usize;
     let dtype = ComputeDtype::from(a.dtype);
@@ -188,7 +204,7 @@ fn checks(a: &GateArgs, flags: &TolFlags) -> anyhow::Result<Vec<SuiteResult>> {
         top: 5,
         gguf: a.model.display().to_string(),
         prompt: a.prompt.clone(),
-        tolerances: Some(flags.apply(tol)),
+        tolerances: Some(tune(tol)),
         bench: 0,
         profile: false,
         index_topk: l.cfg.index_topk,
@@ -243,7 +259,7 @@ fn checks(a: &GateArgs, flags: &TolFlags) -> anyhow::Result<Vec<SuiteResult>> {
         let kind = flags
             .reference_weights
             .map_or(ReferenceWeights::SameGguf, Into::into);
-        let tol = flags.apply(Tolerances::for_reference(dtype, weights, kind));
+        let tol = tune(Tolerances::for_reference(dtype, weights, kind));
         let cmp = compare(
             ours,
             c,

@@ -155,7 +155,8 @@ pub(crate) fn set_float(row: &mut ModuleRow, d: &Diff, shape: &[usize], tol: &To
     row.max_abs_at = (!shape.is_empty()).then(|| unravel(d.max_abs_at, shape));
     // The dumps' own storage rounding (a module stored in bf16 carries ~2⁻⁹ relative error of its
     // own) comes on top of the compute/weight profile.
-    row.status = if d.rel_l2.is_nan() || d.rel_l2 > tol.rel_l2 + row.storage_rel_l2 {
+    let bound = tol.rel_l2_for(&row.name) + row.storage_rel_l2;
+    row.status = if d.rel_l2.is_nan() || d.rel_l2 > bound {
         Status::Diverged
     } else {
         Status::Match

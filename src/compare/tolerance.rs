@@ -158,9 +158,23 @@ pub struct Tolerances {
     pub basis: Basis,
     /// What the reference's weights are (decides which figures apply).
     pub reference: ReferenceWeights,
+    /// Per module class (a glob over the module path without `model.layers.N.`, e.g.
+    /// `mlp.experts*` or `self_attn.kv_b_proj`): its own largest rel-L2, in place of `rel_l2`
+    /// (gate.toml's `[tolerances.rel_l2_by_class]`). The first matching class wins.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rel_l2_by_class: Vec<(String, f64)>,
 }
 
 impl Tolerances {
+    /// The largest rel-L2 of module `name`: its class's bound if one matches, else `rel_l2`.
+    pub fn rel_l2_for(&self, name: &str) -> f64 {
+        let class = module_class(name);
+        self.rel_l2_by_class
+            .iter()
+            .find(|(glob, _)| crate::gguf::stats::glob_match(glob, &class))
+            .map_or(self.rel_l2, |&(_, x)| x)
+    }
+
     /// Tolerances for a forward in `dtype` on weights whose coarsest matrix type is `weights`,
     /// against an f32 transformers reference.
     ///
@@ -274,8 +288,21 @@ impl Tolerances {
                 kind,
                 overridden: Vec::new(),
             },
+            rel_l2_by_class: Vec::new(),
         }
     }
+}
+
+/// A module's class: its path without `model.layers.N.` (`model.layers.3.mlp.experts` →
+/// `mlp.experts`; a layer's own output → `layer`), or without `model.` outside the layers.
+pub fn module_class(name: &str) -> String {
+    if let Some(rest) = name.strip_prefix("model.layers.") {
+        return match rest.split_once('.') {
+            Some((_, class)) => class.to_string(),
+            None => "layer".to_string(),
+        };
+    }
+    name.strip_prefix("model.").unwrap_or(name).to_string()
 }
 
 /// The compute dtype and weight type a dump says it was made with: glmcheck's metadata, else the
@@ -298,6 +325,19 @@ pub fn profile_of(acts: &Activations) -> (ComputeDtype, GgmlType) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn module_classes_drop_the_layer_prefix_and_bounds_follow_them() {
+        assert_eq!(module_class("model.layers.3.mlp.experts"), "mlp.experts");
+        assert_eq!(module_class("model.layers.12"), "layer");
+        assert_eq!(module_class("model.norm"), "norm");
+        assert_eq!(module_class("lm_head"), "lm_head");
+        let mut t = Tolerances::for_profile(ComputeDtype::F32, GgmlType::F32);
+        t.rel_l2_by_class = vec![("mlp.experts*".into(), 0.3), ("mlp*".into(), 0.2)];
+        assert_eq!(t.rel_l2_for("model.layers.1.mlp.experts.act_fn#2"), 0.3);
+        assert_eq!(t.rel_l2_for("model.layers.1.mlp.gate"), 0.2);
+        assert_eq!(t.rel_l2_for("model.layers.1.self_attn"), t.rel_l2);
+    }
 
     /// (rel_l2, kl_mean, kl_max, top1_min, score_noise, router_flip_max)
     fn figures(t: &Tolerances) -> (f64, f64, f64, f64, f64, f64) {
