@@ -164,12 +164,48 @@ fn bad_fault_arguments_exit_2_with_the_reason() {
     }
 }
 
+/// `forward FILE --fault FAULT --reference <FILE's unfaulted --dump>`: exit code and JSON.
+fn faulted_against_own_dump(file: &std::path::Path, fault: &str) -> (i32, serde_json::Value) {
+    let dir = file.parent().expect("a parent dir");
+    let dump = dir.join("unfaulted.safetensors");
+    let out = glmcheck(&[
+        "forward",
+        common::path_str(file),
+        "--tokens",
+        P0,
+        "--max-new-tokens",
+        "0",
+        "--dump",
+        common::path_str(&dump),
+        "-q",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = glmcheck(&[
+        "forward",
+        common::path_str(file),
+        "--tokens",
+        P0,
+        "--max-new-tokens",
+        "0",
+        "--fault",
+        fault,
+        "--reference",
+        common::path_str(&dump),
+        "--json",
+    ]);
+    (out.status.code().unwrap_or(-1), common::json_of(&out))
+}
+
 /// GLM-5's correction biases sit near a common offset with small differences, where bf16's step is
 /// coarse, so rounding moves the choices (sglang #37133 saw 98 % of tokens change). The fixture's
 /// own biases are small and far apart: rounding them changes no choice. Here layer 1's are set to
 /// 32 + 0.1·i (bf16 step 1/4 there, as large as the gaps between the fixture's scores; at 8 + 0.02·i
 /// one token of 18 flipped, too few to name a rule), written by the GGUF writer the other tests
-/// use, and the run is compared with the unfaulted forward of the same file.
+/// use; `forward --reference` is given that file's own unfaulted dump.
 #[test]
 fn a_bias_rounded_to_bf16_is_named_where_the_biases_are_glm5_like() {
     use glmcheck::gguf::{GgmlType, GgufModel};
@@ -192,19 +228,8 @@ fn a_bias_rounded_to_bf16_is_named_where_the_biases_are_glm5_like() {
             }
         },
     );
-    let out = glmcheck(&[
-        "forward",
-        common::path_str(&edited),
-        "--tokens",
-        P0,
-        "--max-new-tokens",
-        "0",
-        "--fault",
-        "bias-bf16",
-        "--json",
-    ]);
-    let j = common::json_of(&out);
-    assert_eq!(out.status.code(), Some(1), "{}", j["verdict"]);
+    let (code, j) = faulted_against_own_dump(&edited, "bias-bf16");
+    assert_eq!(code, 1, "{}", j["verdict"]);
     let s = &j["first_divergence"]["signature"];
     assert_eq!(s["fault"], "bias-bf16", "{}", j["first_divergence"]);
     assert_eq!(s["layer"], 1);
@@ -240,19 +265,8 @@ fn fp16_overflow_is_named_where_activations_leave_its_range() {
             }
         },
     );
-    let out = glmcheck(&[
-        "forward",
-        common::path_str(&edited),
-        "--tokens",
-        P0,
-        "--max-new-tokens",
-        "0",
-        "--fault",
-        "fp16-compute",
-        "--json",
-    ]);
-    let j = common::json_of(&out);
-    assert_eq!(out.status.code(), Some(1), "{}", j["verdict"]);
+    let (code, j) = faulted_against_own_dump(&edited, "fp16-compute");
+    assert_eq!(code, 1, "{}", j["verdict"]);
     let f = &j["first_divergence"];
     assert_eq!(f["signature"]["fault"], "fp16-compute", "{f}");
     assert_eq!(f["layer"], 0, "{f}");
