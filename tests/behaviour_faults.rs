@@ -164,6 +164,35 @@ fn bad_fault_arguments_exit_2_with_the_reason() {
     }
 }
 
+/// A copy of the F32 fixture in `dir` with the F32 tensor `tensor`'s values mapped by
+/// `f(index, value)` (written by the GGUF writer the other tests use).
+fn edited_fixture(
+    dir: &std::path::Path,
+    tensor: &str,
+    f: impl Fn(usize, f32) -> f32,
+) -> std::path::PathBuf {
+    use glmcheck::gguf::{GgmlType, GgufModel};
+    let out = dir.join("edited.gguf");
+    let model = GgufModel::open(&fixture("tiny-F32.gguf")).expect("fixture");
+    common::write_edited(
+        &model,
+        &out,
+        |_, v| v.clone(),
+        |name, dtype, bytes| {
+            if name != tensor || dtype != GgmlType::F32 {
+                return (dtype, bytes.to_vec());
+            }
+            let b = bytes
+                .chunks_exact(4)
+                .enumerate()
+                .flat_map(|(i, c)| f(i, f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes())
+                .collect();
+            (dtype, b)
+        },
+    );
+    out
+}
+
 /// `forward FILE --fault FAULT --reference <FILE's unfaulted --dump>`: exit code and JSON.
 fn faulted_against_own_dump(file: &std::path::Path, fault: &str) -> (i32, serde_json::Value) {
     let dir = file.parent().expect("a parent dir");
@@ -208,26 +237,10 @@ fn faulted_against_own_dump(file: &std::path::Path, fault: &str) -> (i32, serde_
 /// use; `forward --reference` is given that file's own unfaulted dump.
 #[test]
 fn a_bias_rounded_to_bf16_is_named_where_the_biases_are_glm5_like() {
-    use glmcheck::gguf::{GgmlType, GgufModel};
     let d = tempfile::tempdir().expect("temp dir");
-    let edited = d.path().join("bias8.gguf");
-    let model = GgufModel::open(&fixture("tiny-F32.gguf")).expect("fixture");
-    common::write_edited(
-        &model,
-        &edited,
-        |_, v| v.clone(),
-        |name, dtype, bytes| {
-            if name == "blk.1.exp_probs_b.bias" && dtype == GgmlType::F32 {
-                let n = bytes.len() / 4;
-                let b: Vec<u8> = (0..n)
-                    .flat_map(|i| (32.0f32 + 0.1 * i as f32).to_le_bytes())
-                    .collect();
-                (dtype, b)
-            } else {
-                (dtype, bytes.to_vec())
-            }
-        },
-    );
+    let edited = edited_fixture(d.path(), "blk.1.exp_probs_b.bias", |i, _| {
+        32.0 + 0.1 * i as f32
+    });
     let (code, j) = faulted_against_own_dump(&edited, "bias-bf16");
     assert_eq!(code, 1, "{}", j["verdict"]);
     let s = &j["first_divergence"]["signature"];
@@ -241,30 +254,10 @@ fn a_bias_rounded_to_bf16_is_named_where_the_biases_are_glm5_like() {
 /// stays within its own bounds (a harmless fault, exit 0).
 #[test]
 fn fp16_overflow_is_named_where_activations_leave_its_range() {
-    use glmcheck::gguf::{GgmlType, GgufModel};
     let (code, j) = forward(&["--fault", "fp16-compute"]);
     assert_eq!(code, 0, "{}", j["first_divergence"]);
     let d = tempfile::tempdir().expect("temp dir");
-    let edited = d.path().join("big.gguf");
-    let model = GgufModel::open(&fixture("tiny-F32.gguf")).expect("fixture");
-    common::write_edited(
-        &model,
-        &edited,
-        |_, v| v.clone(),
-        |name, dtype, bytes| {
-            if name == "blk.0.ffn_down.weight" && dtype == GgmlType::F32 {
-                let b: Vec<u8> = bytes
-                    .chunks_exact(4)
-                    .flat_map(|c| {
-                        (f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * 1e6).to_le_bytes()
-                    })
-                    .collect();
-                (dtype, b)
-            } else {
-                (dtype, bytes.to_vec())
-            }
-        },
-    );
+    let edited = edited_fixture(d.path(), "blk.0.ffn_down.weight", |_, x| x * 1e6);
     let (code, j) = faulted_against_own_dump(&edited, "fp16-compute");
     assert_eq!(code, 1, "{}", j["verdict"]);
     let f = &j["first_divergence"];
