@@ -142,6 +142,13 @@ fn verify(
     });
     bar.finish_and_clear();
     emit_hf(ctx, a.json, &r, hf, || report::verify_text(&r))?;
+    super::output::emit_extras(
+        ctx,
+        &[
+            ("report.html", report::shards::verify_html(&r)),
+            ("findings.jsonl", report::shards::verify_jsonl(&r)),
+        ],
+    )?;
     Ok(Outcome::finding_if(!r.ok))
 }
 

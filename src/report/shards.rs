@@ -483,6 +483,40 @@ pub fn against_jsonl(r: &crate::shards::AgainstReport) -> String {
     }))
 }
 
+/// `shards --verify --report DIR`'s report.html: the verdict line and every parameter with a
+/// problem.
+pub fn verify_html(r: &crate::shards::VerifyReport) -> String {
+    let rows: Vec<(String, String, String)> = r
+        .params
+        .iter()
+        .filter(|p| !p.problems.is_empty())
+        .map(|p| {
+            let why: Vec<String> = p.problems.iter().map(problem_text).collect();
+            (p.param.clone(), "FAIL".to_string(), why.join("; "))
+        })
+        .collect();
+    let text = verify_text(r);
+    super::html::table_html(
+        "shards --verify",
+        text.lines().last().unwrap_or_default(),
+        &rows,
+    )
+}
+
+/// findings.jsonl of `shards --verify`: one parameter per line, with its problems.
+pub fn verify_jsonl(r: &crate::shards::VerifyReport) -> String {
+    super::html::jsonl(r.params.iter().map(|p| {
+        serde_json::json!({
+            "param": p.param,
+            "dtype": p.dtype,
+            "reassembles": p.reassembles,
+            "nan": p.nan,
+            "inf": p.inf,
+            "problems": p.problems.iter().map(problem_text).collect::<Vec<_>>(),
+        })
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
