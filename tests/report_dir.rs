@@ -187,3 +187,64 @@ fn headless_chromium_renders_the_plot() {
     // A blank page compresses to a few kB; the plots and the heat map do not.
     assert!(png.len() > 40_000, "{} bytes", png.len());
 }
+
+#[test]
+fn gate_bisect_and_verify_write_the_three_files_too() {
+    let d = tempfile::tempdir().expect("temp dir");
+    let f32 = fixture("tiny-F32.gguf");
+    let reference = fixture("activations/prompt0.safetensors");
+    let patches = d.path().join("p.toml");
+    std::fs::write(
+        &patches,
+        "[[patch]]\nfault = \"kvb-concat\"\nlayers = [1]\n",
+    )
+    .expect("write");
+    for (name, args, code) in [
+        (
+            "gate",
+            vec!["gate", s(&f32), "--reference", s(&reference)],
+            0,
+        ),
+        (
+            "bisect",
+            vec![
+                "bisect",
+                s(&f32),
+                "--patches",
+                s(&patches),
+                "--tokens",
+                "294,266,220",
+                "--tp",
+                "2",
+            ],
+            1,
+        ),
+        (
+            "verify",
+            vec!["shards", s(&f32), "--tp", "2", "--verify"],
+            0,
+        ),
+    ] {
+        let dir = d.path().join(name);
+        let mut all = args.clone();
+        let report = format!("{}/", s(&dir));
+        all.extend(["--report", &report, "-q"]);
+        let out = glmcheck(&all);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for f in ["report.json", "findings.jsonl", "report.html"] {
+            let body =
+                std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{name} {f}: {e}"));
+            assert!(!body.is_empty(), "{name} {f}");
+        }
+        let lines = std::fs::read_to_string(dir.join("findings.jsonl")).expect("findings");
+        for l in lines.lines() {
+            serde_json::from_str::<serde_json::Value>(l)
+                .unwrap_or_else(|e| panic!("{name}: {e}: {l}"));
+        }
+    }
+}
