@@ -18,7 +18,7 @@ use crate::compare::{ReferenceWeights, Tolerances};
 use crate::dump::RankDump;
 use crate::faults::{Fault, Injection};
 use crate::gguf::GgmlType;
-use crate::model::{Glm5, ModelOptions, VecCapture};
+use crate::model::{Glm5, ModelOptions};
 use crate::plan::ShardPlan;
 use crate::weights::Weights;
 
@@ -142,6 +142,12 @@ pub struct BisectReport {
     pub forwards: usize,
 }
 
+impl From<crate::forward::ForwardError> for BisectError {
+    fn from(e: crate::forward::ForwardError) -> Self {
+        BisectError::Forward(Box::new(e))
+    }
+}
+
 impl From<crate::model::ModelError> for BisectError {
     fn from(e: crate::model::ModelError) -> Self {
         BisectError::Model(Box::new(e))
@@ -152,6 +158,8 @@ impl From<crate::model::ModelError> for BisectError {
 pub enum BisectError {
     #[error(transparent)]
     Model(Box<crate::model::ModelError>),
+    #[error(transparent)]
+    Forward(Box<crate::forward::ForwardError>),
     #[error(transparent)]
     Acts(#[from] crate::compare::ActError),
     #[error(transparent)]
@@ -235,10 +243,8 @@ impl Trials<'_> {
                 m.inject(b, p.layers.as_deref())?;
             }
         }
-        let mut cap = VecCapture::new();
-        m.forward(self.tokens, &mut cap)?;
+        let acts = crate::forward::capture(&m, self.tokens, None)?;
         self.forwards += 1;
-        let acts = Activations::from_capture(&cap, None, Default::default())?;
         let facts = m.injected().then(|| m.facts()).transpose()?;
         Ok(compare(
             &self.base,
@@ -309,9 +315,7 @@ pub fn bisect(
         dtype: spec.dtype.candle(),
         ..ModelOptions::default()
     };
-    let mut cap = VecCapture::new();
-    Glm5::load_with(w, options)?.forward(spec.tokens, &mut cap)?;
-    let base = Activations::from_capture(&cap, None, Default::default())?;
+    let base = crate::forward::capture(&Glm5::load_with(w, options)?, spec.tokens, None)?;
     // bf16 weights' bounds, or the GGUF's own quantization's when coarser.
     let class = if spec.weights.noise_rel_l2() > GgmlType::BF16.noise_rel_l2() {
         spec.weights

@@ -341,6 +341,18 @@ fn module_kind(path: &str) -> String {
         .join(".")
 }
 
+/// `tokens` through `model`, every module captured, as a dump (`prompt` in its metadata): the
+/// truth a faulted, sharded or deployed run is compared with.
+pub fn capture(
+    model: &Glm5,
+    tokens: &[u32],
+    prompt: Option<&str>,
+) -> Result<Activations, ForwardError> {
+    let mut cap = crate::model::VecCapture::new();
+    model.forward(tokens, &mut cap)?;
+    Ok(Activations::from_capture(&cap, prompt, Default::default())?)
+}
+
 /// Runs the forward (and the comparison when `reference` is given).
 pub fn run(
     model: &Glm5,

@@ -141,8 +141,8 @@ pub enum SuiteVerdict {
     Incomplete,
 }
 
-/// The gate's verdict and exit code: 0 pass, 1 fail, 125 cannot evaluate (`git bisect run`
-/// skips such a commit).
+/// The gate's verdict (the command maps it to exit 0, 1 or 125: `git bisect run` skips a commit
+/// that cannot be evaluated).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GateVerdict {
@@ -184,14 +184,6 @@ impl GateReport {
             verdict: GateVerdict::CannotEvaluate,
             cannot_evaluate: Some(why),
             suites: Vec::new(),
-        }
-    }
-
-    pub fn exit_code(&self) -> u8 {
-        match self.verdict {
-            GateVerdict::Pass => 0,
-            GateVerdict::Fail => 1,
-            GateVerdict::CannotEvaluate => 125,
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::dump::RankDump;
 use crate::faults::Behaviour::Fp16Compute;
 use crate::forward::{self as fwd, ForwardSpec};
 use crate::gguf::{GgmlType, GgufModel};
-use crate::model::{Glm5, MatmulMode, ModelOptions, VecCapture};
+use crate::model::{Glm5, MatmulMode, ModelOptions};
 use crate::plan::ShardPlan;
 use crate::report;
 use crate::tokenizer::GgufTokenizer;
@@ -455,9 +455,7 @@ fn truth(
         (None, None) => ReferenceWeights::Original,
     };
     if let Some(model) = unfaulted {
-        let mut cap = VecCapture::new();
-        model.forward(ids, &mut cap)?;
-        let mut acts = Activations::from_capture(&cap, a.prompt.as_deref(), Default::default())?;
+        let mut acts = fwd::capture(model, ids, a.prompt.as_deref())?;
         acts.source = report::unfaulted_source(&a.file);
         return Ok(Truth {
             acts: Some(acts),
@@ -474,9 +472,7 @@ fn truth(
             note: None,
         });
     };
-    let mut cap = VecCapture::new();
-    Glm5::load_with(w, options)?.forward(ids, &mut cap)?;
-    let mut acts = Activations::from_capture(&cap, a.prompt.as_deref(), Default::default())?;
+    let mut acts = fwd::capture(&Glm5::load_with(w, options)?, ids, a.prompt.as_deref())?;
     acts.source = report::unsharded_source(&a.file);
     let same = Truth {
         acts: Some(acts),

@@ -10,8 +10,8 @@ use crate::compare::Tolerances;
 use crate::compare::{compare, Activations, CompareOptions, ComputeDtype, ReferenceWeights};
 use crate::dump::RankDump;
 use crate::forward::{self as fwd, ForwardSpec};
-use crate::gate::{comparison_suite, weights_suite, GateReport, Suite, SuiteResult};
-use crate::model::{Glm5, ModelOptions, VecCapture};
+use crate::gate::{comparison_suite, weights_suite, GateReport, GateVerdict, Suite, SuiteResult};
+use crate::model::{Glm5, ModelOptions};
 use crate::report;
 
 /// Run every check the given inputs allow and give one verdict: a regression gate for a serving
@@ -167,10 +167,10 @@ pub fn run(a: &GateArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
             ("findings.jsonl", report::gate::gate_jsonl(&r)),
         ],
     )?;
-    Ok(match r.exit_code() {
-        0 => Outcome::Ok,
-        125 => Outcome::CannotEvaluate,
-        _ => Outcome::Finding,
+    Ok(match r.verdict {
+        GateVerdict::Pass => Outcome::Ok,
+        GateVerdict::Fail => Outcome::Finding,
+        GateVerdict::CannotEvaluate => Outcome::CannotEvaluate,
     })
 }
 
@@ -245,10 +245,7 @@ fn checks(
     }
     let ours = match (&model, candidate.is_some() || a.weights_from.is_some()) {
         (Some(m), true) => {
-            let mut cap = VecCapture::new();
-            m.forward(&ids, &mut cap)?;
-            let mut acts =
-                Activations::from_capture(&cap, a.prompt.as_deref(), Default::default())?;
+            let mut acts = fwd::capture(m, &ids, a.prompt.as_deref())?;
             acts.source = report::unsharded_source(&a.model);
             Some(acts)
         }

@@ -164,6 +164,7 @@ mod tests {
     fn outcomes_map_to_exit_codes() {
         assert_eq!(Outcome::Ok.exit_code(), 0);
         assert_eq!(Outcome::Finding.exit_code(), 1);
+        assert_eq!(Outcome::CannotEvaluate.exit_code(), 125);
         assert_eq!(Outcome::finding_if(true), Outcome::Finding);
         assert_eq!(Outcome::finding_if(false), Outcome::Ok);
     }

@@ -82,16 +82,16 @@ pub enum Evidence {
     },
 }
 
-/// The first behaviour signature found at `layer` (`first`'s layer), if any. Called only where a
-/// behaviour fault can exist: a forward with faults injected, a deployment's own activations.
+/// The first behaviour signature found at the first divergence's layer, if any. Called only where
+/// a behaviour fault can exist: a forward with faults injected, a deployment's own activations.
 pub fn recognise(
     reference: &Activations,
     cand: &Activations,
     first: &FirstDivergence,
-    layer: usize,
     facts: &ModelFacts,
     rel_l2: f64,
 ) -> Option<Signature> {
+    let layer = first.layer?;
     let at = |key: &str| format!("model.layers.{layer}.{key}");
     let sig = |fault, evidence| Signature {
         fault,

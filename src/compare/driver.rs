@@ -539,9 +539,7 @@ pub fn compare(
         }
     }
     if let (Some(f), Some(facts)) = (first_divergence.as_mut(), &opts.facts) {
-        if let Some(layer) = f.layer {
-            f.signature = super::behaviour::recognise(reference, cand, f, layer, facts, tol.rel_l2);
-        }
+        f.signature = super::behaviour::recognise(reference, cand, f, facts, tol.rel_l2);
     }
     let incomparable = rows
         .iter()
