@@ -299,9 +299,8 @@ pub fn comparison_html(title: &str, c: &Comparison) -> String {
 /// "cosine", "max_abs", "first_divergence"}`).
 pub fn findings_jsonl(c: &Comparison) -> String {
     let first = c.first_divergence.as_ref().map(|f| f.module.as_str());
-    let mut out = String::new();
-    for r in &c.modules {
-        let line = serde_json::json!({
+    jsonl(c.modules.iter().map(|r| {
+        serde_json::json!({
             "module": r.name,
             "layer": r.layer,
             "status": r.status.name(),
@@ -311,11 +310,8 @@ pub fn findings_jsonl(c: &Comparison) -> String {
             "max_abs": r.max_abs,
             "aux": r.aux,
             "first_divergence": first == Some(r.name.as_str()),
-        });
-        out.push_str(&line.to_string());
-        out.push('\n');
-    }
-    out
+        })
+    }))
 }
 
 /// A report without per-layer activations (gate, bisect, shards --against): the one-line
