@@ -2,7 +2,8 @@
 //! weights, the q8 kernels' activation noise (router logits within 5 % rel-L2) flipped experts in 8
 //! of 16 tokens, and the verdict blamed the correction bias — a wrong diagnosis. Flips are excused
 //! when the measured score noise is at least half the typical gap between a token's neighbouring
-//! scores; a selection broken while the logits agree (the bias rounded) is still named.
+//! scores (those tokens then leave later comparisons: a swapped expert is not kernel noise); a
+//! selection broken while the logits agree (the bias rounded) is still named.
 
 mod common;
 
@@ -47,10 +48,31 @@ fn choose(logits: &[f32], bias: &[f64]) -> Vec<i64> {
     ids
 }
 
+/// Hidden width of the routed-experts output written beside the router.
+const H: usize = 64;
+
+/// The routed experts' output as a function of the choice alone: token t gets Σ v_e over its
+/// experts e (v_e fixed pseudo-random vectors), so a token routed elsewhere differs by a whole
+/// expert's share, and the others match exactly.
+fn experts_out(ids: &[i64]) -> Vec<f32> {
+    let v = |e: i64, h: usize| ((e as usize * 131 + h * 71) % 97) as f32 / 97.0 - 0.5;
+    ids.chunks(K)
+        .flat_map(|row| (0..H).map(move |h| row.iter().map(|&e| v(e, h)).sum::<f32>()))
+        .collect()
+}
+
 fn write(path: &Path, logits: &[f32], ids: &[i64]) {
     let lb: Vec<u8> = logits.iter().flat_map(|x| x.to_le_bytes()).collect();
     let ib: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let xb: Vec<u8> = experts_out(ids)
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
     let views = [
+        (
+            "model.layers.1.mlp.experts",
+            TensorView::new(Dtype::F32, vec![T, H], &xb).expect("view"),
+        ),
         (
             "model.layers.1.mlp.gate",
             TensorView::new(Dtype::F32, vec![T, E], &lb).expect("view"),
@@ -90,7 +112,7 @@ fn diff(dir: &Path, cand: (&[f32], &[i64]), reference: (&[f32], &[i64])) -> (i32
         common::path_str(&r),
         common::path_str(&c),
         "--rel-l2",
-        "0.6",
+        "0.08",
         "--router-flips",
         "0.3",
         "--json",
@@ -123,10 +145,15 @@ fn noise_sized_flips_pass_and_a_broken_bias_is_still_named() {
     );
     let (rc, text) = diff(dir.path(), (&noisy, &noisy_ids), (&logits, &ids));
     assert_eq!(rc, 0, "noise-sized flips are not a divergence:\n{text}");
-    // ... and the flipped tokens stay in the comparison (a pass is not earned on the few left).
+    // ... and the flipped tokens leave the later comparisons, said as noise, not as near-ties.
     let v: serde_json::Value =
         serde_json::from_str(text.split("\n---\n").next().unwrap_or("")).expect("--json on stdout");
-    assert_eq!(v["exclusions"], serde_json::json!([]), "{text}");
+    let ex = &v["exclusions"][0];
+    assert_eq!(ex["positions"].as_array().map(Vec::len), Some(f), "{text}");
+    assert!(
+        ex["cause"].as_str().is_some_and(|c| c.contains("noise")),
+        "{text}"
+    );
 
     // The same noisy logits with the correction bias dropped: as many flips, and the noise does not
     // excuse them (an expert swapped in gained less score than the one it replaced).

@@ -18,7 +18,8 @@ run cuda-bf16-ref forward "$F" --tokens "$P0" --device cuda --dtype bf16 --refer
 run cuda-tp8 forward "$F" --tokens "$P0" --device cuda --tp 8 --max-new-tokens 0 --json
 run cuda-q4-ref forward fixtures/tiny/tiny-Q4_K_M.gguf --tokens "$P0" --device cuda --reference "$REF" --max-new-tokens 0 --json
 # The quantized fixtures: weights stay as blocks on the GPU. dequant mode equals the CPU to 1e-5;
-# q8 mode (CUDA: MMVQ/MMQ + the fused indexed MoE kernel) against the CPU's dequant dump.
+# q8 mode (CUDA: MMVQ/MMQ; the fixtures' experts, 128 wide, stay per expert: the grouped MoE
+# kernel needs inputs in multiples of 256) against the CPU's dequant dump.
 for q in Q4_K_M Q8_0; do
   G=fixtures/tiny/tiny-$q.gguf
   run cpu-$q forward "$G" --tokens "$P0" --device cpu --max-new-tokens 0 --dump "$OUT/cpu-$q.safetensors" --json

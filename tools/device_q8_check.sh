@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, after tools/device_gpu_bench.sh has left a synth model in its work dir: the
-# q8 kernels (MMVQ/MMQ, and candle's fused indexed MoE kernel for k-quant expert stacks) against
+# q8 kernels (candle's MMVQ/MMQ, and glmcheck's grouped MoE kernel cuda/moe_mmq.cu for the expert stacks) against
 # the dequant forward of the same file at GLM-5's real size, module by module (f32 and bf16), and
 # GPU decode throughput per type (`dequant --device cuda`, tensors above 2^30 elements in parts).
 # Usage: tools/device_q8_check.sh GLMCHECK OUTDIR [MODEL]   (MODEL default /tmp/gpub/m.gguf)

@@ -301,6 +301,9 @@ pub enum ExclusionCause {
     Topk { status: Status, pos: usize },
     /// Near-tied expert choices while the router logits agree.
     NearTiedExperts,
+    /// Expert choices the measured router-logit noise explains, token by token (more flips than
+    /// `router_flip_max`: kernel noise over a router whose scores crowd together).
+    NoiseFlippedExperts,
 }
 
 /// Something the comparison wants said beside its table.
@@ -445,8 +448,12 @@ impl Walk<'_> {
         if fresh.is_empty() {
             return;
         }
+        let noise = ex.cause == ExclusionCause::NoiseFlippedExperts;
         for &i in &fresh {
             self.keep.keep[i] = false;
+            if !noise {
+                self.keep.logits[i] = false;
+            }
         }
         if self.keep.kept() == 0 {
             self.notes.push(Note::NothingLeft {
@@ -496,9 +503,7 @@ pub fn compare(
             .collect(),
         rows: Vec::new(),
         status_of: HashMap::new(),
-        keep: Keep {
-            keep: vec![true; t],
-        },
+        keep: Keep::all(t),
         exclusions: Vec::new(),
         logits: None,
         notes,

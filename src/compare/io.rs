@@ -176,8 +176,12 @@ pub(crate) fn ancestor(key: &str) -> Option<&str> {
     key.rsplit_once('.').map(|(p, _)| p)
 }
 
+/// `names::order::rank`: (part, layer, position in the part).
+type Canon = (usize, usize, usize);
+
 /// All keys in execution order: `declared` first (those present), the rest after their nearest
-/// declared ancestor (alphabetically among siblings), unplaceable keys at the end.
+/// declared ancestor, unplaceable keys at the end; undeclared keys among themselves in GLM-5's
+/// execution order (`names::order`), then alphabetically.
 pub(crate) fn full_order(keys: &[String], declared: &[String]) -> (Vec<String>, usize) {
     let present: BTreeSet<&str> = keys.iter().map(String::as_str).collect();
     let mut rank: HashMap<&str, usize> = HashMap::new();
@@ -188,27 +192,29 @@ pub(crate) fn full_order(keys: &[String], declared: &[String]) -> (Vec<String>, 
         }
     }
     let listed = rank.len();
-    let mut sortable: Vec<(usize, usize, &str)> = keys
+    let canon = crate::model::names::order::rank;
+    // (declared rank, 0 declared / 1 under a declared ancestor, GLM-5 order, name)
+    let mut sortable: Vec<(usize, usize, Canon, &str)> = keys
         .iter()
         .map(|k| {
             if let Some(&r) = rank.get(k.as_str()) {
-                return (r, 0, k.as_str());
+                return (r, 0, (0, 0, 0), k.as_str());
             }
             let mut a = ancestor(k);
             while let Some(p) = a {
                 if let Some(&r) = rank.get(p) {
-                    return (r, 1, k.as_str());
+                    return (r, 1, canon(k), k.as_str());
                 }
                 a = ancestor(p);
             }
-            (usize::MAX, 0, k.as_str())
+            (usize::MAX, 0, canon(k), k.as_str())
         })
         .collect();
     sortable.sort();
     (
         sortable
             .into_iter()
-            .map(|(_, _, k)| k.to_string())
+            .map(|(_, _, _, k)| k.to_string())
             .collect(),
         listed,
     )

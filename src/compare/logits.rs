@@ -391,8 +391,14 @@ pub(crate) fn judge_logits(cx: &Ctx, row: &mut ModuleRow, ra: &Act, ca: &Act) ->
         return None;
     }
     let tokens = cx.reference.tokens.as_deref().or(cx.cand.tokens.as_deref());
-    let lc =
-        logits_metrics_with_tokens(rv, cv, dims[1], &cx.keep.keep, (ra.dtype, ca.dtype), tokens);
+    let lc = logits_metrics_with_tokens(
+        rv,
+        cv,
+        dims[1],
+        &cx.keep.logits,
+        (ra.dtype, ca.dtype),
+        tokens,
+    );
     let tol = cx.tol;
     // Storage rounding bound with 4× headroom (the bound is second order).
     let bad = lc.kl_mean > tol.kl_mean + 4.0 * lc.kl_storage_mean

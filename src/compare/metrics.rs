@@ -100,9 +100,20 @@ pub(crate) fn float_diff(cand: &[f32], reference: &[f32], shape: Vec<usize>) -> 
 /// The positions still compared.
 pub(crate) struct Keep {
     pub(crate) keep: Vec<bool>,
+    /// The positions the logits (KL, top-1) are judged at: all but those left out after tied
+    /// choices. Tokens whose experts the measured noise flipped stay: their logits are held to the
+    /// KL bounds, which allow for kernel noise end to end (modules after the flip are not).
+    pub(crate) logits: Vec<bool>,
 }
 
 impl Keep {
+    pub(crate) fn all(t: usize) -> Self {
+        Keep {
+            keep: vec![true; t],
+            logits: vec![true; t],
+        }
+    }
+
     pub(crate) fn kept(&self) -> usize {
         self.keep.iter().filter(|&&k| k).count()
     }
@@ -265,9 +276,7 @@ mod tests {
         // The largest difference is reported at its place in the unmasked tensor.
         assert_eq!(f.diff.max_abs_at, 2);
         let mut r = row();
-        let keep = Keep {
-            keep: vec![true; 3],
-        };
+        let keep = Keep::all(3);
         float_row(
             &mut r,
             &act(&[3], vec![1.0, 2.0, 3.0]),
@@ -285,6 +294,7 @@ mod tests {
     fn float_rows_judge_by_the_bound_plus_storage() {
         let keep = Keep {
             keep: vec![true, true, false],
+            logits: vec![true, true, false],
         };
         let (a, b) = (
             act(&[3, 2], vec![1.0, 2.0, 3.0, 4.0, 50.0, 60.0]),
@@ -296,9 +306,7 @@ mod tests {
         assert_eq!((r.status, r.positions_compared), (Status::Match, Some(2)));
         assert_eq!(r.rel_l2, Some(0.0));
         let mut r = row();
-        let all = Keep {
-            keep: vec![true; 3],
-        };
+        let all = Keep::all(3);
         float_row(&mut r, &b, &a, "model.layers.0.mlp", 3, &all, &tol());
         assert_eq!(r.status, Status::Diverged);
         assert_eq!(r.max_abs_at, Some(vec![2, 1]));

@@ -73,12 +73,13 @@ impl Mla {
     ) -> std::result::Result<Self, ModelError> {
         let li = Some(l);
         let tp = vb.shard().tp;
+        let fused = vb.fused_norms();
         Ok(Mla {
             q_a: vb.linear(Role::AttnQA, li)?,
-            q_a_norm: RmsNorm::new(vb.get(Role::QANorm, li)?, LATENT_NORM_EPS),
+            q_a_norm: RmsNorm::new(vb.get(Role::QANorm, li)?, LATENT_NORM_EPS).fused(fused),
             q_b: vb.linear(Role::AttnQB, li)?,
             kv_a: vb.linear(Role::AttnKvA, li)?,
-            kv_a_norm: RmsNorm::new(vb.get(Role::KvANorm, li)?, LATENT_NORM_EPS),
+            kv_a_norm: RmsNorm::new(vb.get(Role::KvANorm, li)?, LATENT_NORM_EPS).fused(fused),
             kv_b: vb.linear(Role::AttnKvB, li)?,
             o: vb.linear(Role::AttnOut, li)?,
             indexer: Indexer::new(c, l, vb, paths.indexer.clone())?,

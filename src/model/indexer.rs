@@ -53,7 +53,8 @@ impl Indexer {
                 vb.get(Role::IndexerKNorm, li)?,
                 vb.get(Role::IndexerKNormBias, li)?,
                 K_NORM_EPS,
-            ),
+            )
+            .fused(vb.fused_norms()),
             weights_proj: Linear::new(vb.f32(Role::IndexerWeights, li)?),
             n_heads: c.index_n_heads,
             head_dim: c.index_head_dim,

@@ -73,10 +73,11 @@ impl DecoderLayer {
                 shared,
             )?)),
         };
+        let fused = vb.fused_norms();
         Ok(DecoderLayer {
-            input_norm: RmsNorm::new(vb.get(Role::InputNorm, li)?, eps),
+            input_norm: RmsNorm::new(vb.get(Role::InputNorm, li)?, eps).fused(fused),
             attn,
-            post_norm: RmsNorm::new(vb.get(Role::PostAttnNorm, li)?, eps),
+            post_norm: RmsNorm::new(vb.get(Role::PostAttnNorm, li)?, eps).fused(fused),
             ffn,
             paths,
         })

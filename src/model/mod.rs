@@ -14,11 +14,14 @@
 pub mod attention;
 pub mod behaviour;
 pub mod capture;
+pub mod grouping;
 pub mod indexer;
 pub mod layer;
 pub mod linear;
 pub mod mlp;
 pub mod moe;
+#[cfg(feature = "cuda")]
+pub mod moe_cuda;
 pub(crate) mod names;
 pub mod ops;
 pub mod parallel;
@@ -381,7 +384,8 @@ impl Glm5 {
             ranks.push(RankModel {
                 embed,
                 layers,
-                norm: RmsNorm::new(vb.get(Role::FinalNorm, None)?, c.rms_norm_eps),
+                norm: RmsNorm::new(vb.get(Role::FinalNorm, None)?, c.rms_norm_eps)
+                    .fused(vb.fused_norms()),
                 lm_head,
             });
         }

@@ -135,8 +135,8 @@ pub enum ExpertStack {
         mode: MatmulMode,
     },
     /// The whole `[E, out, in]` stack as one quantized tensor on a CUDA device, multiplied by
-    /// candle's fused MoE kernel (`indexed_moe_forward`, q8 mode): every token's chosen experts in
-    /// one launch, no host sync.
+    /// the grouped MoE kernel (`moe_cuda`, q8 mode): every expert that has tokens in one launch,
+    /// its weights read once.
     Stacked { q: Arc<QTensor>, dtype: DType },
 }
 
@@ -241,6 +241,7 @@ impl Experts {
     /// transformers' rows follow `torch.where` over `[slot, token]`, i.e. slot-major with slots in
     /// `topk(sorted=False)` order, which depends on torch's top-k internals; compare per token.
     pub fn forward(&self, x: &Tensor, r: &Routing, capture: &mut dyn Capture) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
         if let (
             ExpertStack::Stacked { q: g, .. },
             ExpertStack::Stacked { q: u, .. },
@@ -292,10 +293,12 @@ impl Experts {
     }
 }
 
+#[cfg(feature = "cuda")]
 impl Experts {
-    /// q8 mode on CUDA: candle's fused MoE kernel runs every token's chosen experts at once
-    /// (activations quantized to Q8_1, f32 out), then the outputs are weighted in f32 and summed
-    /// over the k slots. No host sync unless `act_fn#n` is captured.
+    /// q8 mode on CUDA: every expert that has tokens runs once over all of them, in one grouped
+    /// MMQ launch per projection (`moe_cuda`, activations quantized to Q8_1 as llama.cpp's
+    /// kernels do, f32 out); the outputs are weighted in f32 and summed over the k slots. The
+    /// routing is read back to group the rows (a device sync per MoE layer).
     fn fused(
         &self,
         [g, u, d]: [&Arc<QTensor>; 3],
@@ -303,16 +306,17 @@ impl Experts {
         r: &Routing,
         capture: &mut dyn Capture,
     ) -> Result<Tensor> {
-        let xf = x.to_dtype(DType::F32)?.contiguous()?.unsqueeze(1)?; // [T, 1, hidden]
-        let ids = r.indices.contiguous()?; // [T, k] U32
-        let act = g.indexed_moe_forward(&xf, &ids)?.silu()?; // [T, k, inter]
-        let up = u.indexed_moe_forward(&xf, &ids)?;
-        let y = d.indexed_moe_forward(&(&act * up)?.contiguous()?, &ids)?; // [T, k, hidden]
+        let (t, hidden) = x.dims2()?;
+        let xf = x.to_dtype(DType::F32)?.contiguous()?; // [T, hidden]
+        let grouping = super::grouping::Grouping::new(&r.indices, self.gate.len()?)?;
+        let act = grouping.matmul(g, &xf, true)?.silu()?; // [T·k, inter]
+        let up = grouping.matmul(u, &xf, true)?;
+        let y = grouping.matmul(d, &(&act * up)?, false)?; // [T·k, hidden]
+        let k = r.indices.dim(1)?;
         let act_path = sub(&self.path, conv::ACT);
         if capture.wants(&nth_call(&act_path, 0)) {
             // The per-expert captures of the eager loop: experts ascending, tokens ascending.
-            let (t, k, inter) = act.dims3()?;
-            let flat_act = act.reshape((t * k, inter))?.to_dtype(x.dtype())?;
+            let flat_act = act.to_dtype(x.dtype())?;
             let per_expert = routed_rows(&r.indices, self.gate.len()?)?;
             for (hit, list) in per_expert.iter().filter(|l| !l.is_empty()).enumerate() {
                 let rows: Vec<u32> = list.iter().map(|&(_, f)| f).collect();
@@ -325,7 +329,8 @@ impl Experts {
                 )?;
             }
         }
-        y.broadcast_mul(&r.weights.unsqueeze(2)?)?
+        y.reshape((t, k, hidden))?
+            .broadcast_mul(&r.weights.unsqueeze(2)?)?
             .sum(1)?
             .to_dtype(x.dtype())
     }

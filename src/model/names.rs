@@ -82,6 +82,98 @@ pub(crate) mod conv {
     pub const POSITION_IDS: &str = "position_ids";
 }
 
+/// The order a GLM-5 forward produces its captures in, for dumps that do not say (a hook dump
+/// written without `execution_order`, whose keys would otherwise sort alphabetically: `mlp`
+/// before `post_attention_layernorm` before `self_attn`, the experts before their router).
+/// Checked against glmcheck's own capture order by tests/execution_order.rs.
+pub(crate) mod order {
+    /// Before the first decoder layer (prefixes).
+    pub const ROOT_BEFORE: &[&str] = &[
+        "input_ids",
+        "position_ids",
+        "model.embed_tokens",
+        "model.rotary_emb",
+    ];
+    /// Inside `model.layers.N` (module paths relative to it and their sub-keys; "" is the
+    /// layer's own output, last).
+    pub const LAYER: &[&str] = &[
+        "input_layernorm",
+        "self_attn.q_a_proj",
+        "self_attn.q_a_layernorm",
+        "self_attn.q_b_proj",
+        "self_attn.kv_a_proj_with_mqa",
+        "self_attn.kv_a_layernorm",
+        "self_attn.kv_b_proj",
+        "self_attn.indexer.wq_b",
+        "self_attn.indexer.wk",
+        "self_attn.indexer.k_norm",
+        "self_attn.indexer.q",
+        "self_attn.indexer.k",
+        "self_attn.indexer.weights_proj",
+        "self_attn.indexer.head_weights",
+        "self_attn.indexer.index_scores",
+        "self_attn.indexer",
+        "self_attn.query_states",
+        "self_attn.key_states",
+        "self_attn.value_states",
+        "self_attn.k_rot",
+        "self_attn.o_proj",
+        "self_attn",
+        "post_attention_layernorm",
+        "mlp.gate_proj",
+        "mlp.act_fn",
+        "mlp.up_proj",
+        "mlp.down_proj",
+        "mlp.gate",
+        "mlp.gate.topk_weights",
+        "mlp.gate.topk_indices",
+        "mlp.experts.act_fn",
+        "mlp.experts",
+        "mlp.shared_experts.gate_proj",
+        "mlp.shared_experts.act_fn",
+        "mlp.shared_experts.up_proj",
+        "mlp.shared_experts.down_proj",
+        "mlp.shared_experts",
+        "mlp",
+        "",
+    ];
+    /// After the last decoder layer (exact keys, `model.norm` also as a prefix).
+    pub const ROOT_AFTER: &[&str] = &["model.norm", "model", "lm_head", "logits"];
+
+    /// A sort key in that order: (part, layer, position in the part). Keys outside it sort last.
+    pub(crate) fn rank(key: &str) -> (usize, usize, usize) {
+        let within = |rest: &str, e: &str| {
+            rest == e
+                || rest
+                    .strip_prefix(e)
+                    .is_some_and(|t| t.starts_with('.') || t.starts_with('#'))
+        };
+        if let Some(tail) = key.strip_prefix("model.layers.") {
+            let (n, rest) = tail.split_once('.').unwrap_or((tail, ""));
+            if let Ok(n) = n.parse::<usize>() {
+                // The longest listed path the key is (under): `mlp.gate.1` under `mlp.gate`.
+                let best = LAYER
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, e)| !e.is_empty() && within(rest, e))
+                    .max_by_key(|(_, e)| e.len())
+                    .map_or(LAYER.len() - 1, |(i, _)| i);
+                return (1, n, best);
+            }
+        }
+        if let Some(i) = ROOT_BEFORE.iter().position(|e| within(key, e)) {
+            return (0, 0, i);
+        }
+        if let Some(i) = ROOT_AFTER
+            .iter()
+            .position(|e| key == *e || (*e == "model.norm" && within(key, e)))
+        {
+            return (2, 0, i);
+        }
+        (3, 0, 0)
+    }
+}
+
 /// Every HF module path one decoder layer captures under, resolved once at load.
 #[derive(Debug, Clone)]
 pub(crate) struct LayerPaths {

@@ -10,15 +10,33 @@ pub struct RmsNorm {
     /// `[n]`
     pub weight: Tensor,
     pub eps: f64,
+    /// One fused kernel (candle-nn's `rms_norm`: f32 inside, rounded once) instead of
+    /// transformers' op-by-op arithmetic (the normalised value rounded to the compute dtype before
+    /// the weight multiplies it; equal in f32 up to rsqrt's rounding, one bf16 ulp apart in bf16).
+    /// q8 mode on CUDA only: there launches dominate a short prompt (ten per norm op by op), and
+    /// a GGUF deployment's norm (llama.cpp's) is fused anyway.
+    pub fused: bool,
 }
 
 impl RmsNorm {
     pub fn new(weight: Tensor, eps: f64) -> Self {
-        RmsNorm { weight, eps }
+        RmsNorm {
+            weight,
+            eps,
+            fused: false,
+        }
+    }
+
+    /// The same norm computed by one fused kernel when `fused`.
+    pub fn fused(self, fused: bool) -> Self {
+        RmsNorm { fused, ..self }
     }
 
     /// `[…, n]` → `[…, n]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.fused {
+            return candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps as f32);
+        }
         let dtype = x.dtype();
         let xf = x.to_dtype(DType::F32)?;
         let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
@@ -37,15 +55,35 @@ pub struct LayerNorm {
     /// `[n]`
     pub bias: Tensor,
     pub eps: f64,
+    /// One fused kernel (candle-nn's `layer_norm`, f32 inside), as [`RmsNorm::fused`].
+    pub fused: bool,
 }
 
 impl LayerNorm {
     pub fn new(weight: Tensor, bias: Tensor, eps: f64) -> Self {
-        LayerNorm { weight, bias, eps }
+        LayerNorm {
+            weight,
+            bias,
+            eps,
+            fused: false,
+        }
+    }
+
+    /// The same norm computed by one fused kernel when `fused`.
+    pub fn fused(self, fused: bool) -> Self {
+        LayerNorm { fused, ..self }
     }
 
     /// `[…, n]` → `[…, n]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.fused {
+            return candle_nn::ops::layer_norm(
+                &x.contiguous()?,
+                &self.weight,
+                &self.bias,
+                self.eps as f32,
+            );
+        }
         let mean = x.mean_keepdim(D::Minus1)?;
         let centered = x.broadcast_sub(&mean)?;
         let var = centered.sqr()?.mean_keepdim(D::Minus1)?;

@@ -53,7 +53,7 @@ pub trait WeightSource {
     }
     /// Layer `layer`'s routed experts of `p` as the GGUF's blocks on this source's device, when
     /// this source keeps them so (the unsharded GGUF, a quantized type): one `[out, in]` tensor
-    /// per expert, or with `stacked` (and a type candle's fused MoE kernel takes) the whole
+    /// per expert, or with `stacked` (and a type the grouped MoE kernel takes) the whole
     /// `[E, out, in]` stack as one. None: the model takes [`Self::param`]'s f32 stack.
     fn expert_blocks(
         &mut self,
@@ -134,7 +134,11 @@ impl WeightSource for FullSource<'_, '_> {
         }
         let b = self.w.expert_blocks(def.hf, layer)?;
         let device = self.w.device.clone();
-        let fused = crate::gguf::dequant::candle_dtype(b.dtype).is_some_and(fused_moe_type);
+        // The grouped kernel's tiles step through 256 inputs at a time.
+        let fused = crate::gguf::dequant::candle_dtype(b.dtype).is_some_and(fused_moe_type)
+            && b.expert_shape
+                .get(1)
+                .is_some_and(|&inputs| inputs % 256 == 0);
         let out = if stacked && fused {
             let mut shape = vec![b.experts];
             shape.extend_from_slice(&b.expert_shape);
@@ -163,17 +167,22 @@ impl WeightSource for FullSource<'_, '_> {
 pub enum QuantExperts {
     /// One `[out, in]` matrix per expert.
     PerExpert(Vec<Blocks>),
-    /// The `[E, out, in]` stack as one tensor (candle's fused MoE kernel, CUDA only).
+    /// The `[E, out, in]` stack as one tensor (the grouped MoE kernel, CUDA only).
     Stacked(Arc<QTensor>),
 }
 
-/// The types candle's `indexed_moe_forward` kernel computes correctly: the k-quants. It also takes
-/// Q8_0, but candle 0.11.1 strides from one expert to the next by `n·k / QK_K` blocks whatever the
-/// type (`quantized.cu`, `indexed_moe_forward`), which is wrong for Q8_0's 32-element blocks: on the
-/// Q8_0 fixture its experts diverged (rel-L2 1.4) on an H200. Q8_0 stacks stay per expert.
+/// The types glmcheck's grouped MoE kernel (`model::moe_cuda`) multiplies as one stack: the
+/// types llama.cpp's MMQ covers. (candle 0.11.1's own `indexed_moe_forward`, used before it, strode
+/// from one expert to the next by `n·k / QK_K` blocks whatever the type, wrong for Q8_0's 32-element
+/// blocks: its Q8_0 experts diverged (rel-L2 1.4) on an H200.) Other types stay per expert.
 pub(crate) fn fused_moe_type(t: candle_core::quantized::GgmlDType) -> bool {
-    use candle_core::quantized::GgmlDType as D;
-    matches!(t, D::Q2K | D::Q3K | D::Q4K | D::Q5K | D::Q6K)
+    #[cfg(feature = "cuda")]
+    return super::moe_cuda::grouped_type(t);
+    #[cfg(not(feature = "cuda"))]
+    return {
+        let _ = t;
+        false
+    };
 }
 
 /// A quantized matrix `[rows, cols]` kept as blocks: on a CUDA device uploaded as they are
@@ -392,6 +401,11 @@ impl<S: WeightSource + ?Sized> Params<'_, S> {
         self.src.config()
     }
 
+    /// Whether norms run as one fused kernel ([`super::ops::RmsNorm::fused`]): q8 mode on CUDA.
+    pub fn fused_norms(&self) -> bool {
+        self.mode == MatmulMode::Q8 && self.src.device().is_cuda()
+    }
+
     pub fn shard(&self) -> Shard {
         self.src.shard()
     }
@@ -419,7 +433,7 @@ impl<S: WeightSource + ?Sized> Params<'_, S> {
     /// Layer `l`'s routed experts of `p`: the source's quantized blocks when it keeps them (each
     /// expert dequantized into the compute dtype when used, or multiplied by the quantized
     /// kernels), else the f32 stack in the compute dtype. In q8 mode on CUDA the stack is one
-    /// tensor for candle's fused MoE kernel.
+    /// tensor for the grouped MoE kernel.
     pub fn experts(&mut self, p: Role, l: usize) -> Result<ExpertStack, ModelError> {
         let stacked = self.mode == MatmulMode::Q8 && self.src.device().is_cuda();
         self.experts_as(p, l, stacked)

@@ -218,6 +218,9 @@ impl fmt::Display for ExclusionCause {
             ExclusionCause::NearTiedExperts => {
                 f.write_str("near-tied expert choices (the router logits agree)")
             }
+            ExclusionCause::NoiseFlippedExperts => f.write_str(
+                "expert choices flipped by the measured router-logit noise (checked token by token)",
+            ),
         }
     }
 }

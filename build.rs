@@ -1,0 +1,98 @@
+//! With `--features cuda`: compiles `cuda/moe_mmq.cu` (glmcheck's grouped MoE kernel over
+//! llama.cpp's MMQ tiles, as vendored in candle-kernels) with nvcc into a static library.
+//! Without the feature this does nothing: CI and the README's commands never need nvcc.
+//!
+//! Environment: `CUDA_COMPUTE_CAP` (default 90), nvcc from `$CUDA_HOME/bin` or `PATH`, and
+//! `GLMCHECK_MMQ_INCLUDE` to point at candle-kernels' `src/mmq_gguf` when it is not in cargo's
+//! registry (a vendored build). tools/build-cuda.sh sets the first two.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() {
+    println!("cargo::rerun-if-changed=build.rs");
+    println!("cargo::rerun-if-changed=cuda/moe_mmq.cu");
+    println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    println!("cargo::rerun-if-env-changed=GLMCHECK_MMQ_INCLUDE");
+    if env::var_os("CARGO_FEATURE_CUDA").is_none() {
+        return;
+    }
+    if let Err(e) = build_moe_kernel() {
+        panic!("building cuda/moe_mmq.cu: {e}");
+    }
+}
+
+fn build_moe_kernel() -> Result<(), String> {
+    let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
+    let include = mmq_include()?;
+    let cap = env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
+    let nvcc = env::var_os("CUDA_HOME")
+        .map(|h| PathBuf::from(h).join("bin/nvcc"))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("nvcc"));
+    let obj = out.join("moe_mmq.o");
+    let status = Command::new(&nvcc)
+        .args(["-c", "-O3", "-std=c++17", "--expt-relaxed-constexpr"])
+        .arg(format!("-arch=sm_{cap}"))
+        .args(["-Xcompiler", "-fPIC"])
+        .arg("-I")
+        .arg(&include)
+        .arg("cuda/moe_mmq.cu")
+        .arg("-o")
+        .arg(&obj)
+        .status()
+        .map_err(|e| format!("running {}: {e}", nvcc.display()))?;
+    if !status.success() {
+        return Err(format!("{} failed ({status})", nvcc.display()));
+    }
+    let lib = out.join("libglmcheck_moe.a");
+    let _ = std::fs::remove_file(&lib);
+    let status = Command::new("ar")
+        .arg("crs")
+        .arg(&lib)
+        .arg(&obj)
+        .status()
+        .map_err(|e| format!("running ar: {e}"))?;
+    if !status.success() {
+        return Err(format!("ar failed ({status})"));
+    }
+    println!("cargo::rustc-link-search=native={}", out.display());
+    println!("cargo::rustc-link-lib=static=glmcheck_moe");
+    println!("cargo::rustc-link-lib=dylib=cudart");
+    println!("cargo::rustc-link-lib=dylib=stdc++");
+    Ok(())
+}
+
+/// candle-kernels' `src/mmq_gguf`, of the version Cargo.lock pins, in cargo's registry.
+fn mmq_include() -> Result<PathBuf, String> {
+    if let Some(dir) = env::var_os("GLMCHECK_MMQ_INCLUDE") {
+        return Ok(PathBuf::from(dir));
+    }
+    let lock = std::fs::read_to_string("Cargo.lock").map_err(|e| format!("Cargo.lock: {e}"))?;
+    let version = lock
+        .split("[[package]]")
+        .find(|p| p.contains("name = \"candle-kernels\""))
+        .and_then(|p| p.lines().find_map(|l| l.strip_prefix("version = \"")))
+        .map(|v| v.trim_end_matches('"').to_string())
+        .ok_or("no candle-kernels in Cargo.lock")?;
+    let cargo_home = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
+        .ok_or("neither CARGO_HOME nor HOME is set")?;
+    let registry = cargo_home.join("registry/src");
+    let entries =
+        std::fs::read_dir(&registry).map_err(|e| format!("{}: {e}", registry.display()))?;
+    for entry in entries.flatten() {
+        let dir = entry
+            .path()
+            .join(format!("candle-kernels-{version}/src/mmq_gguf"));
+        if dir.join("mmq_gguf.cuh").exists() {
+            return Ok(dir);
+        }
+    }
+    Err(format!(
+        "candle-kernels {version}'s src/mmq_gguf not under {}; set GLMCHECK_MMQ_INCLUDE",
+        registry.display()
+    ))
+}

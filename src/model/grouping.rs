@@ -1,0 +1,130 @@
+//! The router's choices grouped by expert, as the grouped MoE kernel reads them
+//! (`model::moe_cuda`, `cuda/moe_mmq.cu`). Host-side and device-independent, so its tables are
+//! tested without a GPU. Only a `cuda` build multiplies with it.
+#![cfg_attr(not(feature = "cuda"), allow(dead_code))]
+
+use candle_core::{Result, Tensor};
+
+/// The tile widths (tokens per block) the kernel is built for.
+const TILE_WIDTHS: [usize; 5] = [8, 16, 32, 64, 128];
+/// Where a tile's weight reads cost as much as its columns' arithmetic, in columns: the tile
+/// width is chosen to minimise Σ_experts ⌈rows/w⌉ · (BREAK_EVEN + w). An estimate (a Q4_K
+/// 128-row tile of 6144 inputs is ~440 KB; int8 mma runs ~30 of its columns in that read's
+/// time on an H200), not a measured optimum.
+const BREAK_EVEN: usize = 32;
+
+/// The router's `[T, k]` choices grouped by expert, as the kernel reads them: one U32 table on the
+/// device, `[tokens (rows) | slots (rows) | bounds (n_active + 1) | experts (n_active)]`.
+/// Row j (expert-major, tokens ascending within an expert) is token `tokens[j]`'s slot
+/// `slots[j] = token·k + slot`; the j-th active expert `experts[z]` owns rows
+/// `bounds[z]..bounds[z+1]`.
+pub struct Grouping {
+    pub(crate) table: Tensor,
+    pub(crate) rows: usize,
+    pub(crate) active: usize,
+    pub(crate) max_rows: usize,
+    /// Rows of each active expert.
+    counts: Vec<usize>,
+}
+
+impl Grouping {
+    pub fn new(indices: &Tensor, n_experts: usize) -> Result<Self> {
+        let ids = indices.to_vec2::<u32>()?;
+        let k = ids.first().map_or(0, Vec::len);
+        let mut per_expert: Vec<Vec<u32>> = vec![Vec::new(); n_experts];
+        for (tok, row) in ids.iter().enumerate() {
+            for (slot, &e) in row.iter().enumerate() {
+                per_expert
+                    .get_mut(e as usize)
+                    .ok_or_else(|| {
+                        candle_core::Error::Msg(format!("router chose expert {e} of {n_experts}"))
+                    })?
+                    .push((tok * k + slot) as u32);
+            }
+        }
+        let rows = ids.len() * k;
+        let (mut tokens, mut slots) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+        let (mut bounds, mut experts) = (vec![0u32], Vec::new());
+        for (e, flat) in per_expert.iter().enumerate().filter(|(_, f)| !f.is_empty()) {
+            tokens.extend(flat.iter().map(|&f| f / k as u32));
+            slots.extend_from_slice(flat);
+            bounds.push(slots.len() as u32);
+            experts.push(e as u32);
+        }
+        let active = experts.len();
+        let counts: Vec<usize> = per_expert.iter().map(Vec::len).filter(|&n| n > 0).collect();
+        let max_rows = counts.iter().copied().max().unwrap_or(0);
+        let mut table = tokens;
+        table.extend(slots);
+        table.extend(bounds);
+        table.extend(experts);
+        let n = table.len();
+        Ok(Grouping {
+            table: Tensor::from_vec(table, n, indices.device())?,
+            rows,
+            active,
+            max_rows,
+            counts,
+        })
+    }
+
+    /// The tile width for these experts' row counts (see [`BREAK_EVEN`]).
+    pub(crate) fn tile_width(&self) -> usize {
+        let cost = |w: usize| -> usize {
+            self.counts
+                .iter()
+                .map(|&n| n.div_ceil(w) * (BREAK_EVEN + w))
+                .sum()
+        };
+        TILE_WIDTHS
+            .into_iter()
+            .min_by_key(|&w| (cost(w), w))
+            .unwrap_or(TILE_WIDTHS[0])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn grouping(ids: &[[u32; 2]], experts: usize) -> Result<Grouping> {
+        let flat: Vec<u32> = ids.iter().flatten().copied().collect();
+        Grouping::new(
+            &Tensor::from_vec(flat, (ids.len(), 2), &Device::Cpu)?,
+            experts,
+        )
+    }
+
+    #[test]
+    fn rows_are_grouped_by_expert_with_tokens_ascending() -> Result<()> {
+        // token 0 → experts 3, 1; token 1 → experts 1, 2; expert 0 idle.
+        let g = grouping(&[[3, 1], [1, 2]], 4)?;
+        assert_eq!((g.rows, g.active, g.max_rows), (4, 3, 2));
+        let table = g.table.to_vec1::<u32>()?;
+        let (tokens, rest) = table.split_at(4);
+        let (slots, rest) = rest.split_at(4);
+        let (bounds, experts) = rest.split_at(4);
+        assert_eq!(tokens, [0, 1, 1, 0]);
+        assert_eq!(slots, [1, 2, 3, 0]); // token·k + slot
+        assert_eq!(bounds, [0, 2, 3, 4]);
+        assert_eq!(experts, [1, 2, 3]);
+        Ok(())
+    }
+
+    #[test]
+    fn an_expert_id_past_the_stack_is_an_error() {
+        let err = grouping(&[[0, 9]], 4).err().map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.contains("expert 9 of 4")));
+    }
+
+    #[test]
+    fn the_tile_width_follows_the_rows_per_expert() -> Result<()> {
+        // Few rows per expert: the narrowest tile.
+        assert_eq!(grouping(&[[3, 1], [1, 2]], 4)?.tile_width(), 8);
+        // 40 rows in each of 2 experts: one 64-wide tile each beats two 32-wide reads.
+        let ids: Vec<[u32; 2]> = (0..40).map(|_| [0, 1]).collect();
+        assert_eq!(grouping(&ids, 2)?.tile_width(), 64);
+        Ok(())
+    }
+}
