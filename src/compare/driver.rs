@@ -599,6 +599,7 @@ mod tests {
             kl_storage_mean: 0.0,
             kl_storage_max: 0.0,
             top1_storage_ties: 0,
+            top1_noise_ties: 0,
             kl_by_position: Vec::new(),
             kld_stats: Default::default(),
         };

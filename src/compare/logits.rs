@@ -37,6 +37,12 @@ pub struct LogitsCmp {
     /// Positions whose top-1 differs only between logits closer than the storage rounding (counted
     /// as agreeing in `top1_agree`).
     pub top1_storage_ties: usize,
+    /// Positions whose top-1 differs only between logits closer than the noise the logits' input
+    /// carries (counted as agreeing in `top1_agree`): 3·√2·σ with σ = the input's rel-L2 × the
+    /// reference row's standard deviation (the lm_head is linear: its output's noise is its
+    /// input's). A random-weight model's near-flat logits flip top-1 under 8-bit activations;
+    /// a wrong lm_head moves logits far beyond its input's noise and is not excused.
+    pub top1_noise_ties: usize,
     /// (position, KL) for every compared position.
     pub kl_by_position: Vec<(usize, f64)>,
     /// The statistics `llama-perplexity --kl-divergence` prints, under its definitions.
@@ -268,11 +274,12 @@ pub fn logits_metrics(
     keep: &[bool],
     storage: (Dtype, Dtype),
 ) -> LogitsCmp {
-    logits_metrics_with_tokens(reference, cand, v, keep, storage, None)
+    logits_metrics_with_tokens(reference, cand, v, keep, storage, None, None)
 }
 
 /// [`logits_metrics`], with the prompt's token ids (`tokens[i + 1]` is the token position `i`
-/// predicts) for llama.cpp's Δp in `kld_stats`.
+/// predicts) for llama.cpp's Δp in `kld_stats`, and the rel-L2 measured on the logits' input
+/// (`input_noise`, for [`LogitsCmp::top1_noise_ties`]).
 pub fn logits_metrics_with_tokens(
     reference: &[f32],
     cand: &[f32],
@@ -280,10 +287,11 @@ pub fn logits_metrics_with_tokens(
     keep: &[bool],
     storage: (Dtype, Dtype),
     tokens: Option<&[u32]>,
+    input_noise: Option<f64>,
 ) -> LogitsCmp {
     let (mut kl_sum, mut kl_max, mut kl_max_pos, mut agree, mut dp2) = (0.0, 0.0, 0, 0, 0.0);
     let (mut h_c, mut h_r, mut max_abs) = (0.0, 0.0, 0f64);
-    let (mut ks_sum, mut ks_max, mut storage_ties) = (0.0, 0f64, 0);
+    let (mut ks_sum, mut ks_max, mut storage_ties, mut noise_ties) = (0.0, 0f64, 0, 0);
     let mut kl_by_position = Vec::new();
     // llama.cpp's statistics: strict top-token agreement, Δp of the next prompt token.
     let (mut same_top, mut dp_next) = (0, Vec::new());
@@ -331,6 +339,11 @@ pub fn logits_metrics_with_tokens(
             // stored values cannot say which one the computation preferred.
             agree += 1;
             storage_ties += 1;
+        } else if input_noise.is_some_and(|rel| {
+            r[top] as f64 - r[ctop] as f64 <= 3.0 * std::f64::consts::SQRT_2 * rel * std_dev(r)
+        }) {
+            agree += 1;
+            noise_ties += 1;
         }
         dp2 += (lr[top].exp() - lc[top].exp()).powi(2);
         if let Some(&next) = tokens.and_then(|t| t.get(i + 1)) {
@@ -367,9 +380,17 @@ pub fn logits_metrics_with_tokens(
         kl_storage_mean: ks_sum / nf,
         kl_storage_max: ks_max,
         top1_storage_ties: storage_ties,
+        top1_noise_ties: noise_ties,
         kl_by_position,
         kld_stats,
     }
+}
+
+/// The standard deviation of a logits row.
+fn std_dev(row: &[f32]) -> f64 {
+    let n = row.len().max(1) as f64;
+    let mean = row.iter().map(|&x| x as f64).sum::<f64>() / n;
+    (row.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt()
 }
 
 /// A next-token distribution within 0.5 nats of uniform is noise, not a prediction.
@@ -391,6 +412,16 @@ pub(crate) fn judge_logits(cx: &Ctx, row: &mut ModuleRow, ra: &Act, ca: &Act) ->
         return None;
     }
     let tokens = cx.reference.tokens.as_deref().or(cx.cand.tokens.as_deref());
+    // The noise the logits' input carries: the largest rel-L2 among its inputs that matched.
+    let input_noise = cx
+        .graph
+        .node(&row.name)
+        .inputs
+        .iter()
+        .filter_map(|k| cx.status_of.get(k))
+        .filter(|(s, _)| *s == Status::Match)
+        .filter_map(|&(_, rel)| rel)
+        .reduce(f64::max);
     let lc = logits_metrics_with_tokens(
         rv,
         cv,
@@ -398,6 +429,7 @@ pub(crate) fn judge_logits(cx: &Ctx, row: &mut ModuleRow, ra: &Act, ca: &Act) ->
         &cx.keep.logits,
         (ra.dtype, ca.dtype),
         tokens,
+        input_noise,
     );
     let tol = cx.tol;
     // Storage rounding bound with 4× headroom (the bound is second order).
@@ -550,7 +582,8 @@ mod tests {
         let reference = [0.0f32, 0.0, 0.0, l3, 0.0, 0.0];
         let cand = [l3, 0.0, 0.0, 0.0, 0.0, 0.0];
         let tokens = [0u32, 1, 0];
-        let m = logits_metrics_with_tokens(&reference, &cand, 2, &[true; 3], F32, Some(&tokens));
+        let m =
+            logits_metrics_with_tokens(&reference, &cand, 2, &[true; 3], F32, Some(&tokens), None);
         let k = &m.kld_stats;
         let kl0 = 0.5 * (4.0f64 / 3.0).ln();
         let kl1 = 0.25 * 0.5f64.ln() + 0.75 * 1.5f64.ln();
@@ -576,6 +609,7 @@ mod tests {
             &[false, true, true],
             F32,
             Some(&tokens),
+            None,
         );
         assert_eq!(m.kld_stats.positions, 2);
         let d = m.kld_stats.dp.expect("tokens given");
@@ -596,6 +630,50 @@ mod tests {
         let m = logits_metrics(&reference, &cand, 2, &[true], (Dtype::BF16, Dtype::BF16));
         assert_eq!((m.top1_agree_count, m.top1_storage_ties), (1, 1));
         assert_eq!(m.kld_stats.same_top, 0.0);
+    }
+
+    /// Deterministic standard normals (Box–Muller over a 64-bit LCG).
+    fn normals(seed: u64, n: usize) -> Vec<f32> {
+        let mut x = seed;
+        let mut u = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        };
+        (0..n)
+            .map(|_| {
+                let (a, b) = (u(), u());
+                ((-2.0 * a.ln()).sqrt() * (2.0 * std::f64::consts::PI * b).cos()) as f32
+            })
+            .collect()
+    }
+
+    #[test]
+    fn top1_flips_within_the_inputs_noise_are_ties_and_a_permutation_is_not() {
+        let (t, v) = (64, 1000);
+        // Near-flat logits (a random-weight model) and 5 % rel-L2 noise on them.
+        let r: Vec<f32> = normals(1, t * v).iter().map(|x| 0.05 * x).collect();
+        let c: Vec<f32> = r
+            .iter()
+            .zip(normals(2, t * v))
+            .map(|(a, n)| a + 0.0025 * n)
+            .collect();
+        let keep = vec![true; t];
+        let strict = logits_metrics_with_tokens(&r, &c, v, &keep, F32, None, None);
+        assert!(strict.top1_agree_count < t, "the case needs flips");
+        let noisy = logits_metrics_with_tokens(&r, &c, v, &keep, F32, None, Some(0.05));
+        assert_eq!(
+            (noisy.top1_agree_count, noisy.top1_noise_ties),
+            (t, t - strict.top1_agree_count)
+        );
+        // A vocab permutation (a wrong lm_head) behind an input that matched to 5 %: not excused.
+        let permuted: Vec<f32> = r
+            .chunks(v)
+            .flat_map(|row| row.iter().rev().copied().collect::<Vec<_>>())
+            .collect();
+        let wrong = logits_metrics_with_tokens(&r, &permuted, v, &keep, F32, None, Some(0.05));
+        assert!(wrong.top1_agree < 0.2, "{}", wrong.top1_agree);
     }
 
     #[test]

@@ -84,6 +84,52 @@ struct GroupedMatmul<'a> {
     by_token: bool,
 }
 
+/// The Q8_1 activation quantizers candle-kernels exports (one per scale layout).
+type Quantizer = unsafe extern "C" fn(
+    *const std::ffi::c_void,
+    *const i32,
+    *mut std::ffi::c_void,
+    i32,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    *mut std::ffi::c_void,
+);
+
+/// candle-kernels' Q8_1 quantizer for the activations, in the scale layout llama.cpp's MMQ pairs
+/// with the weight type (`mmq_get_q8_1_ds_layout`).
+fn quantizer(t: GgmlDType) -> Quantizer {
+    use candle_kernels::ffi;
+    match t {
+        GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q5_1 | GgmlDType::Q4K | GgmlDType::Q5K => {
+            ffi::launch_mmq_quantize_q8_1_DS4
+        }
+        GgmlDType::Q2K => ffi::launch_mmq_quantize_q8_1_D2S6,
+        _ => ffi::launch_mmq_quantize_q8_1_D4,
+    }
+}
+
+/// (compute capability as ggml spells it, e.g. 900; warp size) of a device that can run the kernel.
+fn device_info(cu: sys::CUdevice) -> Result<(i32, i32)> {
+    use sys::CUdevice_attribute as A;
+    let major = attribute(cu, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attribute(cu, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    if major < 7 {
+        candle_core::bail!(
+            "the grouped MoE kernel needs compute capability 7.0, not {major}.{minor}"
+        )
+    }
+    Ok((
+        major * 100 + minor * 10,
+        attribute(cu, A::CU_DEVICE_ATTRIBUTE_WARP_SIZE)?,
+    ))
+}
+
 fn attribute(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32> {
     unsafe { result::device::get_attribute(dev, a) }
         .map_err(|e| candle_core::Error::Cuda(Box::new(e)))
@@ -159,16 +205,7 @@ impl CustomOp2 for GroupedMatmul<'_> {
         let dev = xs.device().clone();
         let stream = dev.cuda_stream();
         let stream_ptr = stream.cu_stream() as *mut std::ffi::c_void;
-        let cu = stream.context().cu_device();
-        use sys::CUdevice_attribute as A;
-        let major = attribute(cu, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-        let minor = attribute(cu, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
-        let warp = attribute(cu, A::CU_DEVICE_ATTRIBUTE_WARP_SIZE)?;
-        if major < 7 {
-            candle_core::bail!(
-                "the grouped MoE kernel needs compute capability 7.0, not {major}.{minor}"
-            )
-        }
+        let (cc, warp) = device_info(stream.context().cu_device())?;
 
         let x = xs.as_cuda_slice::<f32>()?.slice(x0..);
         let table = ts.as_cuda_slice::<u32>()?.slice(t0..);
@@ -188,15 +225,7 @@ impl CustomOp2 for GroupedMatmul<'_> {
         let (dst_ptr, _gd) = dst.device_ptr(&stream);
         let w_ptr = self.w.device_ptr()?;
 
-        let quantize = match self.w.dtype() {
-            GgmlDType::Q4_0
-            | GgmlDType::Q4_1
-            | GgmlDType::Q5_1
-            | GgmlDType::Q4K
-            | GgmlDType::Q5K => candle_kernels::ffi::launch_mmq_quantize_q8_1_DS4,
-            GgmlDType::Q2K => candle_kernels::ffi::launch_mmq_quantize_q8_1_D2S6,
-            _ => candle_kernels::ffi::launch_mmq_quantize_q8_1_D4,
-        };
+        let quantize = quantizer(self.w.dtype());
         let rc = unsafe {
             quantize(
                 x_ptr as *const std::ffi::c_void,
@@ -229,7 +258,7 @@ impl CustomOp2 for GroupedMatmul<'_> {
                 stride_expert as i32,
                 active as i32,
                 g.max_rows as i32,
-                major * 100 + minor * 10,
+                cc,
                 warp,
                 stream_ptr,
             )

@@ -345,6 +345,13 @@ fn logits_text(c: &Comparison) -> String {
             num(l.rms_dp),
             num(l.max_abs)
         ));
+        if l.top1_noise_ties > 0 {
+            out.push_str(&format!(
+                "  of those, {} agree only up to the noise of the logits' input: the reference's \
+                 top two logits there are closer than that noise can separate\n",
+                l.top1_noise_ties
+            ));
+        }
         out.push_str(&kld_stats_text(&l.kld_stats));
         out.push_str(&format!(
             "next-token entropy {:.3} nats (reference {:.3}; uniform log V = {:.3}){}\n",
