@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Summarise tools/device_moe_grouped.sh result dirs into reports/gpu-moe.{md,json}.
+
+Usage: tools/device_moe_summary.py OUT_STEM LABEL=DIR [LABEL=DIR ...]
+Each DIR holds q8-16.json, q8-256.json (--bench --profile), q8_0-q8-*.json, q8check*/ and
+fixture/ as the script writes them; LABEL names the build (a commit or a described variant).
+"""
+import json
+import pathlib
+import sys
+
+
+def load(p):
+    try:
+        return json.loads(pathlib.Path(p).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def bench(d, name):
+    j = load(d / f"{name}.json")
+    if not j or "bench" not in j:
+        return None
+    b = j["bench"]
+    experts = sum(r["ms"] for r in b.get("profile") or [] if r["module"].endswith("mlp.experts"))
+    return {"best_ms": b["best_ms"], "median_ms": b["median_ms"],
+            "experts_profiled_ms": experts if b.get("profile") else None}
+
+
+def check(d, sub, name):
+    j = load(d / sub / f"{name}.json")
+    if not j:
+        return None
+    lg = j.get("logits") or {}
+    return {"verdict": j.get("verdict"), "kl_mean": lg.get("kl_mean"), "kl_max": lg.get("kl_max"),
+            "top1": lg.get("top1_agree_count"), "positions": lg.get("positions"),
+            "excluded": [len(e["positions"]) for e in (j.get("comparison") or {}).get("exclusions", [])]}
+
+
+def main():
+    stem = pathlib.Path(sys.argv[1])
+    runs = []
+    for arg in sys.argv[2:]:
+        label, d = arg.split("=", 1)
+        d = pathlib.Path(d)
+        runs.append({
+            "label": label, "gpu": (d / "gpu.txt").read_text().strip() if (d / "gpu.txt").exists() else None,
+            "q4_k_m": {n: bench(d, f"q8-{n}") for n in (16, 256)},
+            "q8_0": {n: bench(d, f"q8_0-q8-{n}") for n in (16, 256)},
+            "q8_vs_dequant": {f"{m}-{dt}": check(d, sub, f"q8-vs-dequant-{dt}")
+                              for m, sub in (("q4_k_m", "q8check"), ("q8_0", "q8check-q8_0")) for dt in ("f32", "bf16")},
+        })
+    stem.with_suffix(".json").write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    f = lambda x, p=2: "—" if x is None else f"{x:.{p}f}"
+    lines = ["| build | model | tokens | best ms | median ms | experts ms (profiled) |", "|---|---|---|---|---|---|"]
+    for r in runs:
+        for m in ("q4_k_m", "q8_0"):
+            for n, b in r[m].items():
+                if b:
+                    lines.append(f"| {r['label']} | {m} | {n} | {f(b['best_ms'])} | {f(b['median_ms'])} | {f(b['experts_profiled_ms'])} |")
+    lines += ["", "| build | q8 vs dequant | verdict | KL mean | KL max | top-1 | positions excluded (per MoE layer) |", "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        for k, c in r["q8_vs_dequant"].items():
+            if c:
+                lines.append(f"| {r['label']} | {k} | {c['verdict']} | {f(c['kl_mean'], 4)} | {f(c['kl_max'], 4)} | {c['top1']}/{c['positions']} | {c['excluded']} |")
+    gpu = next((r["gpu"] for r in runs if r["gpu"]), "unknown GPU")
+    head = [
+        "# glmcheck's grouped MoE kernel on the GPU (`--matmul q8`)", "",
+        f"GPU: {gpu}. Produced by `tools/device_moe_summary.py` from `tools/device_moe_grouped.sh` result dirs "
+        f"({', '.join(r['label'] for r in runs)}).", "",
+        "Model: `glmcheck synth --dims glm5 --layers 3 --qtype q4_k_m` (random weights, GLM-5's shapes, 1 dense + 2 MoE, "
+        "13.5 GB) and `--layers 2 --qtype q8_0` (1 dense + 1 MoE). `forward --device cuda --dtype bf16 --matmul q8 "
+        "--max-new-tokens 0 --bench 5 [--profile]`, tokens 1000..1000+N-1; best and median of 5, load excluded. "
+        "experts ms: the `mlp.experts` modules of one `--profile` pass (device synchronized per module).", "",
+        "q8 vs dequant: `tools/device_q8_check.sh` (the q8 forward against the `--matmul dequant` dump of the same file, "
+        "16 tokens), judged at other-engine bounds.", "",
+    ]
+    text = "\n".join(head + lines) + "\n"
+    stem.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
