@@ -340,7 +340,7 @@ pub fn logits_metrics_with_tokens(
             agree += 1;
             storage_ties += 1;
         } else if input_noise.is_some_and(|rel| {
-            r[top] as f64 - r[ctop] as f64 <= 3.0 * std::f64::consts::SQRT_2 * rel * std_dev(r)
+            r[top] as f64 - r[ctop] as f64 <= 3.0 * std::f64::consts::SQRT_2 * rel * finite_std(r)
         }) {
             agree += 1;
             noise_ties += 1;
@@ -386,11 +386,12 @@ pub fn logits_metrics_with_tokens(
     }
 }
 
-/// The standard deviation of a logits row.
-fn std_dev(row: &[f32]) -> f64 {
-    let n = row.len().max(1) as f64;
-    let mean = row.iter().map(|&x| x as f64).sum::<f64>() / n;
-    (row.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt()
+/// The standard deviation of a logits row's finite values (a row masked with −inf, e.g. vocab
+/// padding, would otherwise make every noise tie pass).
+fn finite_std(row: &[f32]) -> f64 {
+    let mut s = crate::gguf::stats::Stats::default();
+    s.add(row);
+    s.std()
 }
 
 /// A next-token distribution within 0.5 nats of uniform is noise, not a prediction.
@@ -674,6 +675,8 @@ mod tests {
             .collect();
         let wrong = logits_metrics_with_tokens(&r, &permuted, v, &keep, F32, None, Some(0.05));
         assert!(wrong.top1_agree < 0.2, "{}", wrong.top1_agree);
+        // A −inf (masked) logit does not widen the noise allowance.
+        assert_eq!(finite_std(&[1.0, -1.0, f32::NEG_INFINITY]), 1.0);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The router's choices grouped by expert, as the grouped MoE kernel reads them
 //! (`model::moe_cuda`, `cuda/moe_mmq.cu`). Host-side and device-independent, so its tables are
-//! tested without a GPU. Only a `cuda` build multiplies with it.
+//! tested without a GPU. Only a `cuda` build multiplies with it (the eager expert loop uses
+//! [`routed_rows`] in every build).
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
 
 use candle_core::{Result, Tensor};
@@ -21,39 +22,29 @@ const BREAK_EVEN: usize = 32;
 pub struct Grouping {
     pub(crate) table: Tensor,
     pub(crate) rows: usize,
-    pub(crate) active: usize,
-    pub(crate) max_rows: usize,
-    /// Rows of each active expert.
-    counts: Vec<usize>,
+    /// The rows (`token·k + slot`) of each expert that has tokens, experts ascending, tokens
+    /// ascending within one: the host's copy of `slots` split at `bounds`.
+    pub(crate) by_expert: Vec<Vec<u32>>,
 }
 
 impl Grouping {
     pub fn new(indices: &Tensor, n_experts: usize) -> Result<Self> {
-        let ids = indices.to_vec2::<u32>()?;
-        let k = ids.first().map_or(0, Vec::len);
-        let mut per_expert: Vec<Vec<u32>> = vec![Vec::new(); n_experts];
-        for (tok, row) in ids.iter().enumerate() {
-            for (slot, &e) in row.iter().enumerate() {
-                per_expert
-                    .get_mut(e as usize)
-                    .ok_or_else(|| {
-                        candle_core::Error::Msg(format!("router chose expert {e} of {n_experts}"))
-                    })?
-                    .push((tok * k + slot) as u32);
+        let k = indices.dim(1)?;
+        let mut by_expert = Vec::new();
+        let (mut tokens, mut slots, mut bounds, mut experts) =
+            (Vec::new(), Vec::new(), vec![0u32], Vec::new());
+        for (e, list) in routed_rows(indices, n_experts)?.into_iter().enumerate() {
+            if list.is_empty() {
+                continue;
             }
-        }
-        let rows = ids.len() * k;
-        let (mut tokens, mut slots) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
-        let (mut bounds, mut experts) = (vec![0u32], Vec::new());
-        for (e, flat) in per_expert.iter().enumerate().filter(|(_, f)| !f.is_empty()) {
-            tokens.extend(flat.iter().map(|&f| f / k as u32));
-            slots.extend_from_slice(flat);
+            let flat: Vec<u32> = list.iter().map(|&(_, f)| f).collect();
+            tokens.extend(list.iter().map(|&(tok, _)| tok));
+            slots.extend_from_slice(&flat);
             bounds.push(slots.len() as u32);
             experts.push(e as u32);
+            by_expert.push(flat);
         }
-        let active = experts.len();
-        let counts: Vec<usize> = per_expert.iter().map(Vec::len).filter(|&n| n > 0).collect();
-        let max_rows = counts.iter().copied().max().unwrap_or(0);
+        let rows = indices.dim(0)? * k;
         let mut table = tokens;
         table.extend(slots);
         table.extend(bounds);
@@ -62,18 +53,26 @@ impl Grouping {
         Ok(Grouping {
             table: Tensor::from_vec(table, n, indices.device())?,
             rows,
-            active,
-            max_rows,
-            counts,
+            by_expert,
         })
+    }
+
+    /// Experts that have tokens.
+    pub(crate) fn active(&self) -> usize {
+        self.by_expert.len()
+    }
+
+    /// The most rows one expert has.
+    pub(crate) fn max_rows(&self) -> usize {
+        self.by_expert.iter().map(Vec::len).max().unwrap_or(0)
     }
 
     /// The tile width for these experts' row counts (see [`BREAK_EVEN`]).
     pub(crate) fn tile_width(&self) -> usize {
         let cost = |w: usize| -> usize {
-            self.counts
+            self.by_expert
                 .iter()
-                .map(|&n| n.div_ceil(w) * (BREAK_EVEN + w))
+                .map(|rows| rows.len().div_ceil(w) * (BREAK_EVEN + w))
                 .sum()
         };
         TILE_WIDTHS
@@ -81,6 +80,23 @@ impl Grouping {
             .min_by_key(|&w| (cost(w), w))
             .unwrap_or(TILE_WIDTHS[0])
     }
+}
+
+/// The router's choices `[T, k]` (U32) by expert: for each of `n_experts` experts, its
+/// (token, flat index token·k + slot into the routing weights), tokens ascending.
+pub(crate) fn routed_rows(indices: &Tensor, n_experts: usize) -> Result<Vec<Vec<(u32, u32)>>> {
+    let ids = indices.to_vec2::<u32>()?;
+    let k = ids.first().map_or(0, Vec::len);
+    let mut per_expert: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n_experts];
+    for (tok, row) in ids.iter().enumerate() {
+        for (slot, &e) in row.iter().enumerate() {
+            let list = per_expert.get_mut(e as usize).ok_or_else(|| {
+                candle_core::Error::Msg(format!("router chose expert {e} of {n_experts}"))
+            })?;
+            list.push((tok as u32, (tok * k + slot) as u32));
+        }
+    }
+    Ok(per_expert)
 }
 
 #[cfg(test)]
@@ -100,7 +116,7 @@ mod tests {
     fn rows_are_grouped_by_expert_with_tokens_ascending() -> Result<()> {
         // token 0 → experts 3, 1; token 1 → experts 1, 2; expert 0 idle.
         let g = grouping(&[[3, 1], [1, 2]], 4)?;
-        assert_eq!((g.rows, g.active, g.max_rows), (4, 3, 2));
+        assert_eq!((g.rows, g.active(), g.max_rows()), (4, 3, 2));
         let table = g.table.to_vec1::<u32>()?;
         let (tokens, rest) = table.split_at(4);
         let (slots, rest) = rest.split_at(4);

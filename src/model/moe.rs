@@ -8,6 +8,7 @@ use candle_core::quantized::QTensor;
 use candle_core::{DType, Result, Tensor, D};
 
 use super::capture::{emit, emit_with, Capture};
+use super::grouping::routed_rows;
 use super::linear::{Blocks, Linear, MatmulMode};
 use super::mlp::Mlp;
 use super::names::SwiGluPaths;
@@ -317,11 +318,8 @@ impl Experts {
         if capture.wants(&nth_call(&act_path, 0)) {
             // The per-expert captures of the eager loop: experts ascending, tokens ascending.
             let flat_act = act.to_dtype(x.dtype())?;
-            let per_expert = routed_rows(&r.indices, self.gate.len()?)?;
-            for (hit, list) in per_expert.iter().filter(|l| !l.is_empty()).enumerate() {
-                let rows: Vec<u32> = list.iter().map(|&(_, f)| f).collect();
-                let n = rows.len();
-                let rows = Tensor::from_vec(rows, n, x.device())?;
+            for (hit, rows) in grouping.by_expert.iter().enumerate() {
+                let rows = Tensor::from_slice(rows, rows.len(), x.device())?;
                 emit(
                     capture,
                     &nth_call(&act_path, hit),
@@ -334,23 +332,6 @@ impl Experts {
             .sum(1)?
             .to_dtype(x.dtype())
     }
-}
-
-/// The router's choices `[T, k]` (U32) by expert: for each of `n_experts` experts, its
-/// (token, flat index token·k + slot into the routing weights), tokens ascending.
-fn routed_rows(indices: &Tensor, n_experts: usize) -> Result<Vec<Vec<(u32, u32)>>> {
-    let ids = indices.to_vec2::<u32>()?;
-    let k = ids.first().map_or(0, Vec::len);
-    let mut per_expert: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n_experts];
-    for (tok, row) in ids.iter().enumerate() {
-        for (slot, &e) in row.iter().enumerate() {
-            let list = per_expert.get_mut(e as usize).ok_or_else(|| {
-                candle_core::Error::Msg(format!("router chose expert {e} of {n_experts}"))
-            })?;
-            list.push((tok as u32, (tok * k + slot) as u32));
-        }
-    }
-    Ok(per_expert)
 }
 
 #[derive(Debug, Clone)]

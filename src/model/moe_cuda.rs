@@ -188,7 +188,7 @@ impl CustomOp2 for GroupedMatmul<'_> {
             )
         }
         let g = self.g;
-        let (rows, active) = (g.rows, g.active);
+        let (rows, active) = (g.rows, g.active());
         if rows == 0 || active == 0 {
             let dev = xs.device().clone();
             let zeros = dev.alloc_zeros::<f32>(rows * out)?;
@@ -257,7 +257,7 @@ impl CustomOp2 for GroupedMatmul<'_> {
                 rows as i32,
                 stride_expert as i32,
                 active as i32,
-                g.max_rows as i32,
+                g.max_rows() as i32,
                 cc,
                 warp,
                 stream_ptr,
