@@ -1,5 +1,7 @@
 //! With `--features cuda`: compiles `cuda/moe_mmq.cu` (glmcheck's grouped MoE kernel over
-//! llama.cpp's MMQ tiles, as vendored in candle-kernels) with nvcc into a static library.
+//! llama.cpp's MMQ tiles, as vendored in candle-kernels) and `cuda/dequant_experts.cu` (the active
+//! experts of a stack decoded in one launch by candle-kernels' own dequantize kernels) with nvcc
+//! into a static library.
 //! Without the feature this does nothing: CI and the README's commands never need nvcc.
 //!
 //! Environment: `CUDA_COMPUTE_CAP` (default 90), nvcc from `$CUDA_HOME/bin` or `PATH`, and
@@ -13,6 +15,7 @@ use std::process::Command;
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-changed=cuda/moe_mmq.cu");
+    println!("cargo::rerun-if-changed=cuda/dequant_experts.cu");
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo::rerun-if-env-changed=GLMCHECK_MMQ_INCLUDE");
     if env::var_os("CARGO_FEATURE_CUDA").is_none() {
@@ -31,27 +34,44 @@ fn build_moe_kernel() -> Result<(), String> {
         .map(|h| PathBuf::from(h).join("bin/nvcc"))
         .filter(|p| p.exists())
         .unwrap_or_else(|| PathBuf::from("nvcc"));
-    let obj = out.join("moe_mmq.o");
-    let status = Command::new(&nvcc)
-        .args(["-c", "-O3", "-std=c++17", "--expt-relaxed-constexpr"])
-        .arg(format!("-arch=sm_{cap}"))
-        .args(["-Xcompiler", "-fPIC"])
-        .arg("-I")
-        .arg(&include)
-        .arg("cuda/moe_mmq.cu")
-        .arg("-o")
-        .arg(&obj)
-        .status()
-        .map_err(|e| format!("running {}: {e}", nvcc.display()))?;
-    if !status.success() {
-        return Err(format!("{} failed ({status})", nvcc.display()));
+    // Both compile at once (the MMQ file takes minutes on two cores). dequant_experts.cu includes
+    // candle-kernels' src/quantized.cu, the directory above src/mmq_gguf.
+    let kernels_src = include.parent().unwrap_or(&include).to_path_buf();
+    let sources = [
+        ("cuda/moe_mmq.cu", &include),
+        ("cuda/dequant_experts.cu", &kernels_src),
+    ];
+    let mut jobs = Vec::new();
+    for (src, inc) in sources {
+        let stem = Path::new(src).file_stem().unwrap_or_default();
+        let obj = out.join(stem).with_extension("o");
+        let child = Command::new(&nvcc)
+            .args(["-c", "-O3", "-std=c++17", "--expt-relaxed-constexpr"])
+            .arg(format!("-arch=sm_{cap}"))
+            .args(["-Xcompiler", "-fPIC", "-w"])
+            .arg("-I")
+            .arg(inc)
+            .arg(src)
+            .arg("-o")
+            .arg(&obj)
+            .spawn()
+            .map_err(|e| format!("running {}: {e}", nvcc.display()))?;
+        jobs.push((src, obj, child));
+    }
+    let mut objs = Vec::new();
+    for (src, obj, mut child) in jobs {
+        let status = child.wait().map_err(|e| format!("nvcc on {src}: {e}"))?;
+        if !status.success() {
+            return Err(format!("{} failed on {src} ({status})", nvcc.display()));
+        }
+        objs.push(obj);
     }
     let lib = out.join("libglmcheck_moe.a");
     let _ = std::fs::remove_file(&lib);
     let status = Command::new("ar")
         .arg("crs")
         .arg(&lib)
-        .arg(&obj)
+        .args(&objs)
         .status()
         .map_err(|e| format!("running ar: {e}"))?;
     if !status.success() {

@@ -9,8 +9,8 @@
 //  - the routing tables (`ids_dst`, `expert_bounds`, `expert_map`, the quantizer's source rows)
 //    are built on the host from the router's choices (glmcheck reads them back anyway).
 //  - conventional tiling, one block per (row tile, column tile, active expert) over the whole k
-//    range, two blocks resident per SM for mmq_x <= 64, instead of llama.cpp's stream-k (one
-//    block per SM plus a fixup pass). On an H200 (3-layer GLM-5 Q4_K_M, q8 mode) the forward took
+//    range, several blocks resident per SM (glmcheck_min_blocks), instead of llama.cpp's stream-k
+//    (one block per SM plus a fixup pass). On an H200 (3-layer GLM-5 Q4_K_M, q8 mode) the forward took
 //    7.5 ms at 16 tokens and 28.3 ms at 256 tiled, 9.8 and 29.6 ms with stream-k.
 //
 // Built by build.rs with `--features cuda`; declared in src/model/moe_cuda.rs.
@@ -23,10 +23,10 @@
 #endif
 
 // Conventional tiling: one block per (row tile, column tile, active expert), each over the whole
-// k range; no fixup. Many independent blocks, two resident per SM for mmq_x <= 64 (registers
-// capped), instead of stream-k's one block per SM.
-template <ggml_type type, int mmq_x, bool need_check>
-__launch_bounds__(ggml_cuda_get_physical_warp_size()*mmq_get_nwarps_device(), mmq_x <= 64 ? 2 : 1)
+// k range; no fixup. Many independent blocks, several resident per SM (glmcheck_min_blocks), instead
+// of stream-k's one block per SM.
+template <ggml_type type, int mmq_x, bool need_check, int min_blocks>
+__launch_bounds__(ggml_cuda_get_physical_warp_size()*mmq_get_nwarps_device(), min_blocks)
 static __global__ void glmcheck_mmq_moe(
         const char * __restrict__ x, const int * __restrict__ y, const int32_t * __restrict__ ids_dst,
         const int32_t * __restrict__ expert_bounds, const int32_t * __restrict__ expert_map,
@@ -76,7 +76,7 @@ static __global__ void glmcheck_mmq_moe(
          tile_x_max_i, tile_y_max_j, 0, ncols_x/qk);
 }
 
-template <ggml_type type, int mmq_x, bool need_check>
+template <ggml_type type, int mmq_x, bool need_check, int min_blocks>
 static void glmcheck_launch_checked(
         const char * x, const int * y, const int32_t * ids_dst, const int32_t * expert_bounds,
         const int32_t * expert_map, float * dst, int ncols_x, int nrows_x, int stride_row_x,
@@ -86,12 +86,18 @@ static void glmcheck_launch_checked(
     const int nwarps = 256 / warp_size;
     const size_t nbytes_shared = mmq_get_nbytes_shared<type>(mmq_x, mmq_y, cc, warp_size, nwarps);
     const dim3 block_dims(warp_size, nwarps, 1);
-    CUDA_SET_SHARED_MEMORY_LIMIT((glmcheck_mmq_moe<type, mmq_x, need_check>), nbytes_shared);
+    CUDA_SET_SHARED_MEMORY_LIMIT((glmcheck_mmq_moe<type, mmq_x, need_check, min_blocks>), nbytes_shared);
     const dim3 grid((nrows_x + mmq_y - 1) / mmq_y, (ncols_max + mmq_x - 1) / mmq_x, n_active);
-    glmcheck_mmq_moe<type, mmq_x, need_check><<<grid, block_dims, nbytes_shared, stream>>>(
+    glmcheck_mmq_moe<type, mmq_x, need_check, min_blocks><<<grid, block_dims, nbytes_shared, stream>>>(
         x, y, ids_dst, expert_bounds, expert_map, dst, ncols_x, nrows_x, stride_row_x, ncols_y,
         /*stride_col_dst=*/nrows_x, stride_expert_x);
 }
+
+// Blocks resident per SM (registers capped to fit): 4 for tiles up to 16 wide (routed experts with
+// few tokens each, where the weight loads dominate: on an H200 at 256 tokens the experts took 9.1 ms
+// with 4, 9.4 with 3, 9.6 with 2), 2 up to 64, 1 for 128.
+template <int mmq_x>
+static constexpr int glmcheck_min_blocks() { return mmq_x <= 16 ? 4 : mmq_x <= 64 ? 2 : 1; }
 
 template <ggml_type type, int mmq_x>
 static void glmcheck_launch_x(
@@ -100,10 +106,10 @@ static void glmcheck_launch_x(
         int ncols_x, int nrows_x, int stride_row_x, int ncols_y, int stride_expert_x,
         int n_active, int ncols_max, int cc, int warp_size, cudaStream_t stream) {
     if (nrows_x % 128 == 0) {
-        glmcheck_launch_checked<type, mmq_x, false>(x, y, ids_dst, expert_bounds, expert_map, dst,
+        glmcheck_launch_checked<type, mmq_x, false, glmcheck_min_blocks<mmq_x>()>(x, y, ids_dst, expert_bounds, expert_map, dst,
             ncols_x, nrows_x, stride_row_x, ncols_y, stride_expert_x, n_active, ncols_max, cc, warp_size, stream);
     } else {
-        glmcheck_launch_checked<type, mmq_x, true>(x, y, ids_dst, expert_bounds, expert_map, dst,
+        glmcheck_launch_checked<type, mmq_x, true, glmcheck_min_blocks<mmq_x>()>(x, y, ids_dst, expert_bounds, expert_map, dst,
             ncols_x, nrows_x, stride_row_x, ncols_y, stride_expert_x, n_active, ncols_max, cc, warp_size, stream);
     }
 }

@@ -321,8 +321,12 @@ impl DeviceArg {
                 if !candle_core::utils::cuda_is_available() {
                     return Err(super::CmdError::NoCuda(self.to_string()));
                 }
-                candle_core::Device::new_cuda(n)
-                    .map_err(|e| super::CmdError::Device(self.to_string(), e.to_string()))
+                let device = candle_core::Device::new_cuda(n)
+                    .map_err(|e| super::CmdError::Device(self.to_string(), e.to_string()))?;
+                #[cfg(feature = "cuda")]
+                crate::model::moe_cuda::keep_freed_memory(&device)
+                    .map_err(|e| super::CmdError::Device(self.to_string(), e.to_string()))?;
+                Ok(device)
             }
         }
     }

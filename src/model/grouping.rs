@@ -82,6 +82,57 @@ impl Grouping {
     }
 }
 
+/// A run of consecutive active experts for dequant mode's batched GEMMs: experts `range` (indices
+/// into the active list), each padded to `m` rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    pub range: std::ops::Range<usize>,
+    pub m: usize,
+    /// The token of each padded row, `range.len() · m` (padding repeats the expert's first token).
+    pub src: Vec<u32>,
+    /// The padded positions of the real rows, in grouped order (experts ascending, tokens
+    /// ascending within one).
+    pub valid: Vec<u32>,
+}
+
+impl Grouping {
+    /// The active experts in runs whose decoded weights (`expert_bytes` each) fit `budget` bytes
+    /// together (at least one expert per run); `k` slots per token.
+    pub fn batches(&self, k: usize, expert_bytes: usize, budget: usize) -> Vec<Batch> {
+        let per = (budget / expert_bytes.max(1)).max(1);
+        let k = k.max(1) as u32;
+        (0..self.active())
+            .step_by(per)
+            .map(|start| {
+                let range = start..(start + per).min(self.active());
+                let lists = &self.by_expert[range.clone()];
+                let m = lists.iter().map(Vec::len).max().unwrap_or(0);
+                let (mut src, mut valid) = (Vec::new(), Vec::new());
+                for (z, rows) in lists.iter().enumerate() {
+                    let pad = rows.first().map_or(0, |&s| s / k);
+                    for r in 0..m {
+                        src.push(rows.get(r).map_or(pad, |&s| s / k));
+                    }
+                    valid.extend((0..rows.len()).map(|r| (z * m + r) as u32));
+                }
+                Batch {
+                    range,
+                    m,
+                    src,
+                    valid,
+                }
+            })
+            .collect()
+    }
+
+    /// The grouped rows' tokens and slots (`token·k + slot`), experts ascending.
+    pub fn rows_in_order(&self, k: usize) -> (Vec<u32>, Vec<u32>) {
+        let slots: Vec<u32> = self.by_expert.iter().flatten().copied().collect();
+        let k = k.max(1) as u32;
+        (slots.iter().map(|s| s / k).collect(), slots)
+    }
+}
+
 /// The router's choices `[T, k]` (U32) by expert: for each of `n_experts` experts, its
 /// (token, flat index token·k + slot into the routing weights), tokens ascending.
 pub(crate) fn routed_rows(indices: &Tensor, n_experts: usize) -> Result<Vec<Vec<(u32, u32)>>> {
@@ -125,6 +176,28 @@ mod tests {
         assert_eq!(slots, [1, 2, 3, 0]); // token·k + slot
         assert_eq!(bounds, [0, 2, 3, 4]);
         assert_eq!(experts, [1, 2, 3]);
+        Ok(())
+    }
+
+    #[test]
+    fn batches_pad_each_expert_to_the_busiest_one_in_its_run() -> Result<()> {
+        // token 0 → experts 3, 1; token 1 → experts 1, 2: expert 1 has tokens 0 and 1.
+        let g = grouping(&[[3, 1], [1, 2]], 4)?;
+        // Two experts' weights per run: [1, 2] then [3].
+        let b = g.batches(2, 100, 250);
+        assert_eq!(b.len(), 2);
+        assert_eq!((b[0].range.clone(), b[0].m), (0..2, 2));
+        assert_eq!(b[0].src, [0, 1, 1, 1]); // expert 2's one row (token 1) padded with token 1
+        assert_eq!(b[0].valid, [0, 1, 2]);
+        assert_eq!(
+            (b[1].range.clone(), b[1].m, b[1].src.clone()),
+            (2..3, 1, vec![0])
+        );
+        assert_eq!(b[1].valid, [0]);
+        // A budget below one expert still makes progress, one expert per run.
+        assert_eq!(g.batches(2, 100, 10).len(), 3);
+        let (tokens, slots) = g.rows_in_order(2);
+        assert_eq!((tokens, slots), (vec![0, 1, 1, 0], vec![1, 2, 3, 0]));
         Ok(())
     }
 

@@ -227,9 +227,16 @@ impl Weight {
 }
 
 /// Blocks dequantized into `dtype` on their own device. candle decodes every type to f32; f16 has
-/// a direct kernel on CUDA.
+/// a direct kernel on CUDA, and so has bf16 for the types glmcheck's decoder covers
+/// (`moe_cuda::dequantize_direct`: the same values, rounded once from the same f32).
 pub fn dequantize(q: &QTensor, dtype: DType) -> Result<Tensor> {
     let device = q.device();
+    #[cfg(feature = "cuda")]
+    if dtype == DType::BF16 {
+        if let Some(t) = super::moe_cuda::dequantize_direct(q, dtype)? {
+            return Ok(t);
+        }
+    }
     if dtype == DType::F16 && device.is_cuda() {
         return q.dequantize_f16(&device);
     }

@@ -135,10 +135,15 @@ pub enum ExpertStack {
         dtype: DType,
         mode: MatmulMode,
     },
-    /// The whole `[E, out, in]` stack as one quantized tensor on a CUDA device, multiplied by
-    /// the grouped MoE kernel (`moe_cuda`, q8 mode): every expert that has tokens in one launch,
-    /// its weights read once.
-    Stacked { q: Arc<QTensor>, dtype: DType },
+    /// The whole `[E, out, in]` stack as one quantized tensor on a CUDA device. q8 mode: the
+    /// grouped MoE kernel (`moe_cuda`), every expert that has tokens in one launch, its weights
+    /// read once. Dequant mode: the experts that have tokens decoded in one launch and multiplied
+    /// in one batched GEMM per projection.
+    Stacked {
+        q: Arc<QTensor>,
+        dtype: DType,
+        mode: MatmulMode,
+    },
 }
 
 impl ExpertStack {
@@ -218,7 +223,7 @@ impl Experts {
         if stacks.iter().any(fused) && !stacks.iter().all(fused) {
             for (s, &r) in stacks.iter_mut().zip(&roles) {
                 if fused(s) {
-                    *s = vb.experts_as(r, l, false)?;
+                    *s = vb.experts_as(r, l, None)?;
                 }
             }
         }
@@ -244,12 +249,15 @@ impl Experts {
     pub fn forward(&self, x: &Tensor, r: &Routing, capture: &mut dyn Capture) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
         if let (
-            ExpertStack::Stacked { q: g, .. },
+            ExpertStack::Stacked { q: g, mode, .. },
             ExpertStack::Stacked { q: u, .. },
             ExpertStack::Stacked { q: d, .. },
         ) = (&self.gate, &self.up, &self.down)
         {
-            return self.fused([g, u, d], x, r, capture);
+            return match mode {
+                MatmulMode::Q8 => self.fused([g, u, d], x, r, capture),
+                MatmulMode::Dequant => self.batched([g, u, d], x, r, capture),
+            };
         }
         let (t, hidden) = x.dims2()?;
         let per_expert = routed_rows(&r.indices, self.gate.len()?)?;
@@ -331,6 +339,93 @@ impl Experts {
             .broadcast_mul(&r.weights.unsqueeze(2)?)?
             .sum(1)?
             .to_dtype(x.dtype())
+    }
+}
+
+/// The decoded expert weights one batch of dequant mode's batched GEMMs holds at once, per
+/// projection: 2 GiB (a GLM-5 bf16 expert projection is 25 MB: ~80 experts per batch).
+#[cfg(feature = "cuda")]
+const DECODE_BUDGET_BYTES: usize = 2 << 30;
+
+#[cfg(feature = "cuda")]
+impl Experts {
+    /// Dequant mode on CUDA, the eager loop's arithmetic batched: the experts that have tokens
+    /// are decoded into the compute dtype in one launch per projection (in runs whose weights fit
+    /// [`DECODE_BUDGET_BYTES`]), each expert's tokens padded to the busiest expert's count of the
+    /// run, and multiplied in one batched GEMM; the real rows are then weighted (f32) and summed
+    /// in the eager loop's order (experts ascending, tokens ascending) by one `index_add`.
+    fn batched(
+        &self,
+        [g, u, d]: [&Arc<QTensor>; 3],
+        x: &Tensor,
+        r: &Routing,
+        capture: &mut dyn Capture,
+    ) -> Result<Tensor> {
+        let (t, hidden) = x.dims2()?;
+        let (dtype, dev) = (x.dtype(), x.device());
+        let k = r.indices.dim(1)?;
+        let grouping = super::grouping::Grouping::new(&r.indices, self.gate.len()?)?;
+        let widest = [g, u, d]
+            .iter()
+            .map(|q| q.shape().elem_count() / q.shape().dims()[0].max(1))
+            .max()
+            .unwrap_or(1);
+        let act_path = sub(&self.path, conv::ACT);
+        let wants_act = capture.wants(&nth_call(&act_path, 0));
+        let (mut ys, mut acts) = (Vec::new(), Vec::new());
+        for b in grouping.batches(k, widest * dtype.size_in_bytes(), DECODE_BUDGET_BYTES) {
+            let n = b.range.len();
+            let src = Tensor::from_vec(b.src, n * b.m, dev)?;
+            let xs = x.index_select(&src, 0)?.reshape((n, b.m, hidden))?; // [n, m, hidden]
+            let project = |q: &QTensor, input: &Tensor| -> Result<Tensor> {
+                let w = grouping.dequantize(q, dtype, b.range.clone())?; // [n, out, in]
+                input.matmul(&w.transpose(1, 2)?) // [n, m, out]
+            };
+            let act = project(g, &xs)?.silu()?;
+            let up = project(u, &xs)?;
+            let y = project(d, &(&act * up)?)?; // [n, m, hidden]
+            let real = b.valid.len();
+            let valid = Tensor::from_vec(b.valid, real, dev)?;
+            ys.push(y.reshape((n * b.m, hidden))?.index_select(&valid, 0)?);
+            if wants_act {
+                let inter = act.dim(2)?;
+                acts.push(act.reshape((n * b.m, inter))?.index_select(&valid, 0)?);
+            }
+        }
+        let out = Tensor::zeros((t, hidden), dtype, dev)?;
+        if ys.is_empty() {
+            return Ok(out);
+        }
+        if wants_act {
+            // The per-expert captures of the eager loop: experts ascending, tokens ascending.
+            let acts = Tensor::cat(&acts, 0)?;
+            let mut at = 0;
+            for (hit, rows) in grouping.by_expert.iter().enumerate() {
+                emit(
+                    capture,
+                    &nth_call(&act_path, hit),
+                    &acts.narrow(0, at, rows.len())?,
+                )?;
+                at += rows.len();
+            }
+        }
+        let (tokens, slots) = grouping.rows_in_order(k);
+        let n = tokens.len();
+        let (tokens, slots) = (
+            Tensor::from_vec(tokens, n, dev)?,
+            Tensor::from_vec(slots, n, dev)?,
+        );
+        // transformers: expert output (dtype) × f32 weight, back to the hidden dtype.
+        let w = r
+            .weights
+            .flatten_all()?
+            .index_select(&slots, 0)?
+            .unsqueeze(1)?; // [R, 1] f32
+        let ys = Tensor::cat(&ys, 0)?
+            .to_dtype(DType::F32)?
+            .broadcast_mul(&w)?
+            .to_dtype(dtype)?;
+        out.index_add(&tokens, &ys, 0)
     }
 }
 

@@ -10,7 +10,11 @@
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{result, sys, DevicePtr};
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{CpuStorage, CudaStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use std::ops::Range;
+
+use candle_core::{
+    CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor,
+};
 
 use super::grouping::Grouping;
 
@@ -40,6 +44,17 @@ extern "C" {
         warp_size: i32,
         stream: *mut std::ffi::c_void,
     ) -> i32;
+    fn glmcheck_dequant_experts(
+        ggml_type: i32,
+        dst_dtype: i32,
+        x: *const std::ffi::c_void,
+        experts: *const i32,
+        n: i32,
+        expert_bytes: i64,
+        y: *mut std::ffi::c_void,
+        expert_elems: i64,
+        stream: *mut std::ffi::c_void,
+    ) -> i32;
 }
 
 /// The quant types the grouped kernel is built for, with ggml's type id and block size.
@@ -59,12 +74,25 @@ fn kernel_type(t: GgmlDType) -> Option<(i32, usize)> {
     })
 }
 
-/// Whether an expert stack of this type can be multiplied by the grouped kernel.
+/// Whether an expert stack of this type can be multiplied by the grouped kernel (and decoded by
+/// `cuda/dequant_experts.cu`: the same ten types).
 pub(crate) fn grouped_type(t: GgmlDType) -> bool {
     kernel_type(t).is_some()
 }
 
 impl Grouping {
+    /// Active experts `range` (of [`Grouping::active`], ascending ids) of `w` `[E, out, in]`
+    /// (quantized) decoded into `dtype` (f32, f16 or bf16): `[range.len(), out, in]`, one launch.
+    pub fn dequantize(&self, w: &QTensor, dtype: DType, range: Range<usize>) -> Result<Tensor> {
+        let op = DequantExperts {
+            w,
+            g: self,
+            range,
+            dtype,
+        };
+        self.table.apply_op1_no_bwd(&op)
+    }
+
     /// `w` `[E, out, in]` (quantized) applied to rows of `x` (f32 `[_, in]`): for every grouped
     /// row j, expert `experts(j)` times `x[tokens[j]]` (`by_token`) or `x[slots[j]]`, written to
     /// output row `slots[j]`. → f32 `[T·k, out]`.
@@ -76,6 +104,13 @@ impl Grouping {
         };
         x.contiguous()?.apply_op2_no_bwd(&self.table, &op)
     }
+}
+
+struct DequantExperts<'a> {
+    w: &'a QTensor,
+    g: &'a Grouping,
+    range: Range<usize>,
+    dtype: DType,
 }
 
 struct GroupedMatmul<'a> {
@@ -269,4 +304,180 @@ impl CustomOp2 for GroupedMatmul<'_> {
         drop((_gd, _gq, _gx, _gt));
         Ok((CudaStorage::wrap_cuda_slice(dst, dev), (rows, out).into()))
     }
+}
+
+impl CustomOp1 for DequantExperts<'_> {
+    fn name(&self) -> &'static str {
+        "glmcheck-dequant-experts"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("the grouped expert decoder runs on CUDA only")
+    }
+
+    fn cuda_fwd(&self, ts: &CudaStorage, tl: &Layout) -> Result<(CudaStorage, Shape)> {
+        const WHAT: &str = "grouped expert decode";
+        let &[n_experts, out, inp] = self.w.shape().dims() else {
+            candle_core::bail!("{WHAT}: weight {:?} is not [E, out, in]", self.w.shape())
+        };
+        let (g, range) = (self.g, self.range.clone());
+        let n = range.len();
+        if range.end > g.active() || n == 0 {
+            candle_core::bail!("{WHAT}: experts {range:?} of {} active", g.active())
+        }
+        let Some((t0, _)) = tl.contiguous_offsets() else {
+            candle_core::bail!("{WHAT}: the routing table is not contiguous")
+        };
+        let elems = out * inp;
+        let bytes = elems / self.w.dtype().block_size() * self.w.dtype().type_size();
+        if bytes * n_experts > self.w.storage_size_in_bytes() {
+            candle_core::bail!("{WHAT}: {n_experts} experts of {bytes} bytes overrun the stack")
+        }
+        let stream = ts.device().cuda_stream();
+        let table = ts.as_cuda_slice::<u32>()?.slice(t0..);
+        let (t_ptr, _gt) = table.device_ptr(&stream);
+        // The table's `experts` segment, from this range's first expert.
+        let experts =
+            (t_ptr + 4 * (2 * g.rows + g.active() + 1 + range.start) as u64) as *const i32;
+        let storage = decode(ts.device(), self.w, self.dtype, experts, n, bytes, elems)?;
+        drop(_gt);
+        Ok((storage, (n, out, inp).into()))
+    }
+}
+
+/// Keeps memory freed to the device's default pool instead of returning it to the driver at every
+/// synchronisation (the pool's release threshold, 0 by default, raised to "never"). The forward
+/// frees and re-allocates the same large temporaries each layer (dequant mode: a decoded lm_head
+/// is 1.9 GB in bf16, a batch of decoded experts up to 2 GiB) and syncs once per MoE layer; without
+/// this every such allocation maps fresh pages. Peak use is unchanged: the pool only keeps what
+/// was live at once.
+pub fn keep_freed_memory(device: &candle_core::Device) -> Result<()> {
+    let candle_core::Device::Cuda(dev) = device else {
+        return Ok(());
+    };
+    let cu = dev.cuda_stream().context().cu_device();
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold = u64::MAX;
+    let err = |e: sys::CUresult| candle_core::Error::Msg(format!("the device memory pool: {e:?}"));
+    unsafe {
+        let rc = sys::cuDeviceGetDefaultMemPool(&mut pool, cu);
+        if rc != sys::CUresult::CUDA_SUCCESS {
+            return Err(err(rc));
+        }
+        let rc = sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &mut threshold as *mut u64 as *mut std::ffi::c_void,
+        );
+        if rc != sys::CUresult::CUDA_SUCCESS {
+            return Err(err(rc));
+        }
+    }
+    Ok(())
+}
+
+/// `q` `[.., out, in]` decoded into `dtype` on its device in one launch of the same kernels as
+/// [`Grouping::dequantize`] (candle's f32 decode and a cast, for bf16, write and re-read the f32:
+/// a GLM-5 lm_head is 3.8 GB of it). None when the type or shape is not covered.
+pub fn dequantize_direct(q: &QTensor, dtype: DType) -> Result<Option<Tensor>> {
+    let elems = q.shape().elem_count();
+    if kernel_type(q.dtype()).is_none() || elems % 256 != 0 || !q.device().is_cuda() {
+        return Ok(None);
+    }
+    let dims = q.shape().dims().to_vec();
+    let op = DequantWhole { q, dtype };
+    // The op runs on a one-element tensor of the weight's device (candle ops need a storage).
+    let anchor = Tensor::zeros(1, DType::U32, &q.device())?;
+    Ok(Some(anchor.apply_op1_no_bwd(&op)?.reshape(dims)?))
+}
+
+struct DequantWhole<'a> {
+    q: &'a QTensor,
+    dtype: DType,
+}
+
+impl CustomOp1 for DequantWhole<'_> {
+    fn name(&self) -> &'static str {
+        "glmcheck-dequant-direct"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("the direct decoder runs on CUDA only")
+    }
+
+    fn cuda_fwd(&self, anchor: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
+        let elems = self.q.shape().elem_count();
+        let bytes = elems / self.q.dtype().block_size() * self.q.dtype().type_size();
+        let storage = decode(
+            anchor.device(),
+            self.q,
+            self.dtype,
+            std::ptr::null(),
+            1,
+            bytes,
+            elems,
+        )?;
+        Ok((storage, elems.into()))
+    }
+}
+
+/// `n` experts of `w` (`experts`: a device list of stack indices; null: the first `bytes`) decoded
+/// into `dtype`, `elems` values each.
+fn decode(
+    dev: &candle_core::CudaDevice,
+    w: &QTensor,
+    dtype: DType,
+    experts: *const i32,
+    n: usize,
+    bytes: usize,
+    elems: usize,
+) -> Result<CudaStorage> {
+    const WHAT: &str = "expert decode";
+    let Some((ggml_type, _)) = kernel_type(w.dtype()) else {
+        candle_core::bail!("{WHAT}: no kernel for {:?}", w.dtype())
+    };
+    let stream = dev.cuda_stream();
+    let stream_ptr = stream.cu_stream() as *mut std::ffi::c_void;
+    let w_ptr = w.device_ptr()? as *const std::ffi::c_void;
+    let launch = |code: i32, y: *mut std::ffi::c_void| unsafe {
+        glmcheck_dequant_experts(
+            ggml_type,
+            code,
+            w_ptr,
+            experts,
+            n as i32,
+            bytes as i64,
+            y,
+            elems as i64,
+            stream_ptr,
+        )
+    };
+    let (rc, storage) = match dtype {
+        DType::F32 => {
+            let y = unsafe { dev.alloc::<f32>(n * elems)? };
+            let (p, g) = y.device_ptr(&stream);
+            let rc = launch(0, p as *mut std::ffi::c_void);
+            drop(g);
+            (rc, CudaStorage::wrap_cuda_slice(y, dev.clone()))
+        }
+        DType::F16 => {
+            let y = unsafe { dev.alloc::<half::f16>(n * elems)? };
+            let (p, g) = y.device_ptr(&stream);
+            let rc = launch(1, p as *mut std::ffi::c_void);
+            drop(g);
+            (rc, CudaStorage::wrap_cuda_slice(y, dev.clone()))
+        }
+        DType::BF16 => {
+            let y = unsafe { dev.alloc::<half::bf16>(n * elems)? };
+            let (p, g) = y.device_ptr(&stream);
+            let rc = launch(2, p as *mut std::ffi::c_void);
+            drop(g);
+            (rc, CudaStorage::wrap_cuda_slice(y, dev.clone()))
+        }
+        d => candle_core::bail!("{WHAT}: no kernel for {d:?}"),
+    };
+    if rc != 0 {
+        candle_core::bail!("{WHAT}: launcher refused (code {rc})")
+    }
+    Ok(storage)
 }

@@ -53,13 +53,14 @@ pub trait WeightSource {
     }
     /// Layer `layer`'s routed experts of `p` as the GGUF's blocks on this source's device, when
     /// this source keeps them so (the unsharded GGUF, a quantized type): one `[out, in]` tensor
-    /// per expert, or with `stacked` (and a type the grouped MoE kernel takes) the whole
-    /// `[E, out, in]` stack as one. None: the model takes [`Self::param`]'s f32 stack.
+    /// per expert, or with `stack` (and a type and shape that mode's grouped kernel takes, see
+    /// [`stackable`]) the whole `[E, out, in]` stack as one. None: the model takes
+    /// [`Self::param`]'s f32 stack.
     fn expert_blocks(
         &mut self,
         _p: Role,
         _layer: usize,
-        _stacked: bool,
+        _stack: Option<MatmulMode>,
     ) -> Result<Option<QuantExperts>, ModelError> {
         Ok(None)
     }
@@ -126,7 +127,7 @@ impl WeightSource for FullSource<'_, '_> {
         &mut self,
         p: Role,
         layer: usize,
-        stacked: bool,
+        stack: Option<MatmulMode>,
     ) -> Result<Option<QuantExperts>, ModelError> {
         let def = p.def()?;
         if def.rebuild != Rebuild::ExpertSlice {
@@ -134,12 +135,8 @@ impl WeightSource for FullSource<'_, '_> {
         }
         let b = self.w.expert_blocks(def.hf, layer)?;
         let device = self.w.device.clone();
-        // The grouped kernel's tiles step through 256 inputs at a time.
-        let fused = crate::gguf::dequant::candle_dtype(b.dtype).is_some_and(fused_moe_type)
-            && b.expert_shape
-                .get(1)
-                .is_some_and(|&inputs| inputs % 256 == 0);
-        let out = if stacked && fused {
+        let fused = stack.is_some_and(|mode| stackable(mode, b.dtype, &b.expert_shape));
+        let out = if fused {
             let mut shape = vec![b.experts];
             shape.extend_from_slice(&b.expert_shape);
             crate::gguf::dequant::qtensor(&b.tensor, b.dtype, b.bytes(), &shape, &device)
@@ -183,6 +180,23 @@ pub(crate) fn fused_moe_type(t: candle_core::quantized::GgmlDType) -> bool {
         let _ = t;
         false
     };
+}
+
+/// Whether `mode`'s grouped kernel takes a stack of `[out, in]` experts of type `t` (CUDA only):
+/// q8's MMQ tiles step through 256 inputs at a time; dequant's decoder
+/// (`cuda/dequant_experts.cu`) needs each expert to be whole 256-element blocks.
+pub(crate) fn stackable(
+    mode: MatmulMode,
+    t: crate::gguf::GgmlType,
+    expert_shape: &[usize],
+) -> bool {
+    let typed = crate::gguf::dequant::candle_dtype(t).is_some_and(fused_moe_type);
+    let elems: usize = expert_shape.iter().product();
+    typed
+        && match mode {
+            MatmulMode::Q8 => expert_shape.get(1).is_some_and(|&inputs| inputs % 256 == 0),
+            MatmulMode::Dequant => elems > 0 && elems % 256 == 0,
+        }
 }
 
 /// A quantized matrix `[rows, cols]` kept as blocks: on a CUDA device uploaded as they are
@@ -432,28 +446,29 @@ impl<S: WeightSource + ?Sized> Params<'_, S> {
 
     /// Layer `l`'s routed experts of `p`: the source's quantized blocks when it keeps them (each
     /// expert dequantized into the compute dtype when used, or multiplied by the quantized
-    /// kernels), else the f32 stack in the compute dtype. In q8 mode on CUDA the stack is one
-    /// tensor for the grouped MoE kernel.
+    /// kernels), else the f32 stack in the compute dtype. On CUDA the stack is one tensor for the
+    /// mode's grouped kernel when it takes the type (q8: the MMQ tiles; dequant: the batched
+    /// decode and GEMMs).
     pub fn experts(&mut self, p: Role, l: usize) -> Result<ExpertStack, ModelError> {
-        let stacked = self.mode == MatmulMode::Q8 && self.src.device().is_cuda();
-        self.experts_as(p, l, stacked)
+        let stack = self.src.device().is_cuda().then_some(self.mode);
+        self.experts_as(p, l, stack)
     }
 
-    /// Layer `l`'s routed experts of `p`, as one stack for the fused kernel only if `stacked`.
+    /// Layer `l`'s routed experts of `p`, as one stack for `stack`'s grouped kernel if given.
     pub fn experts_as(
         &mut self,
         p: Role,
         l: usize,
-        stacked: bool,
+        stack: Option<MatmulMode>,
     ) -> Result<ExpertStack, ModelError> {
         let (dtype, mode) = (self.dtype, self.mode);
-        Ok(match self.src.expert_blocks(p, l, stacked)? {
+        Ok(match self.src.expert_blocks(p, l, stack)? {
             Some(QuantExperts::PerExpert(experts)) => ExpertStack::Blocks {
                 experts,
                 dtype,
                 mode,
             },
-            Some(QuantExperts::Stacked(q)) => ExpertStack::Stacked { q, dtype },
+            Some(QuantExperts::Stacked(q)) => ExpertStack::Stacked { q, dtype, mode },
             None => ExpertStack::Dense(self.get(p, Some(l))?),
         })
     }
@@ -567,7 +582,7 @@ mod tests {
             let l = c.first_k_dense_replace;
             for role in [Role::ExpertGate, Role::ExpertUp, Role::ExpertDown] {
                 let Some(QuantExperts::PerExpert(blocks)) =
-                    src.expert_blocks(role, l, false).expect("blocks")
+                    src.expert_blocks(role, l, None).expect("blocks")
                 else {
                     panic!("{stem} {role:?}: not kept quantized per expert");
                 };
