@@ -367,7 +367,7 @@ impl Experts {
         let grouping = super::grouping::Grouping::new(&r.indices, self.gate.len()?)?;
         let widest = [g, u, d]
             .iter()
-            .map(|q| q.shape().elem_count() / q.shape().dims()[0].max(1))
+            .map(|q| q.shape().elem_count() / q.shape().dims().first().map_or(1, |&e| e.max(1)))
             .max()
             .unwrap_or(1);
         let act_path = sub(&self.path, conv::ACT);

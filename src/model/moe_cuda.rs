@@ -381,7 +381,7 @@ pub fn keep_freed_memory(device: &candle_core::Device) -> Result<()> {
 /// a GLM-5 lm_head is 3.8 GB of it). None when the type or shape is not covered.
 pub fn dequantize_direct(q: &QTensor, dtype: DType) -> Result<Option<Tensor>> {
     let elems = q.shape().elem_count();
-    if kernel_type(q.dtype()).is_none() || elems % 256 != 0 || !q.device().is_cuda() {
+    if kernel_type(q.dtype()).is_none() || !elems.is_multiple_of(256) || !q.device().is_cuda() {
         return Ok(None);
     }
     let dims = q.shape().dims().to_vec();
@@ -453,31 +453,30 @@ fn decode(
         )
     };
     let (rc, storage) = match dtype {
-        DType::F32 => {
-            let y = unsafe { dev.alloc::<f32>(n * elems)? };
-            let (p, g) = y.device_ptr(&stream);
-            let rc = launch(0, p as *mut std::ffi::c_void);
-            drop(g);
-            (rc, CudaStorage::wrap_cuda_slice(y, dev.clone()))
-        }
-        DType::F16 => {
-            let y = unsafe { dev.alloc::<half::f16>(n * elems)? };
-            let (p, g) = y.device_ptr(&stream);
-            let rc = launch(1, p as *mut std::ffi::c_void);
-            drop(g);
-            (rc, CudaStorage::wrap_cuda_slice(y, dev.clone()))
-        }
-        DType::BF16 => {
-            let y = unsafe { dev.alloc::<half::bf16>(n * elems)? };
-            let (p, g) = y.device_ptr(&stream);
-            let rc = launch(2, p as *mut std::ffi::c_void);
-            drop(g);
-            (rc, CudaStorage::wrap_cuda_slice(y, dev.clone()))
-        }
+        DType::F32 => into::<f32>(dev, n * elems, |y| launch(0, y))?,
+        DType::F16 => into::<half::f16>(dev, n * elems, |y| launch(1, y))?,
+        DType::BF16 => into::<half::bf16>(dev, n * elems, |y| launch(2, y))?,
         d => candle_core::bail!("{WHAT}: no kernel for {d:?}"),
     };
     if rc != 0 {
         candle_core::bail!("{WHAT}: launcher refused (code {rc})")
     }
     Ok(storage)
+}
+
+/// A fresh `len`-element buffer of `T` on `dev`, filled by `fill` (a launch given its pointer).
+fn into<T>(
+    dev: &candle_core::CudaDevice,
+    len: usize,
+    fill: impl FnOnce(*mut std::ffi::c_void) -> i32,
+) -> Result<(i32, CudaStorage)>
+where
+    T: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr,
+{
+    let stream = dev.cuda_stream();
+    let y = unsafe { dev.alloc::<T>(len)? };
+    let (p, guard) = y.device_ptr(&stream);
+    let rc = fill(p as *mut std::ffi::c_void);
+    drop(guard);
+    Ok((rc, CudaStorage::wrap_cuda_slice(y, dev.clone())))
 }

@@ -195,7 +195,7 @@ pub(crate) fn stackable(
     typed
         && match mode {
             MatmulMode::Q8 => expert_shape.get(1).is_some_and(|&inputs| inputs % 256 == 0),
-            MatmulMode::Dequant => elems > 0 && elems % 256 == 0,
+            MatmulMode::Dequant => elems > 0 && elems.is_multiple_of(256),
         }
 }
 
@@ -601,7 +601,7 @@ mod tests {
             }
             // Not an expert stack: the source hands out f32 instead.
             assert!(src
-                .expert_blocks(Role::Router, l, false)
+                .expert_blocks(Role::Router, l, None)
                 .expect("ok")
                 .is_none());
         }
@@ -611,7 +611,7 @@ mod tests {
             let mut src = FullSource { w: &w };
             let l = c.first_k_dense_replace;
             assert!(
-                src.expert_blocks(Role::ExpertGate, l, false)
+                src.expert_blocks(Role::ExpertGate, l, None)
                     .expect("ok")
                     .is_none(),
                 "{stem}"
