@@ -96,33 +96,50 @@ pub struct Batch {
 }
 
 impl Grouping {
-    /// The active experts in runs whose decoded weights (`expert_bytes` each) fit `budget` bytes
-    /// together (at least one expert per run); `k` slots per token.
-    pub fn batches(&self, k: usize, expert_bytes: usize, budget: usize) -> Vec<Batch> {
-        let per = (budget / expert_bytes.max(1)).max(1);
+    /// The active experts in runs whose decoded weights (`expert_bytes` each) and padded
+    /// activations (`row_bytes` per padded row: every expert of a run padded to its busiest) each
+    /// fit `budget` bytes (at least one expert per run); `k` slots per token.
+    pub fn batches(
+        &self,
+        k: usize,
+        expert_bytes: usize,
+        row_bytes: usize,
+        budget: usize,
+    ) -> Vec<Batch> {
+        let mut runs = Vec::new();
+        let mut start = 0;
+        while start < self.active() {
+            let (mut end, mut m) = (start + 1, self.by_expert[start].len());
+            while end < self.active() {
+                let m2 = m.max(self.by_expert[end].len());
+                let n2 = end + 1 - start;
+                if n2 * expert_bytes > budget || n2 * m2 * row_bytes > budget {
+                    break;
+                }
+                (end, m) = (end + 1, m2);
+            }
+            runs.push(self.batch(start..end, m, k));
+            start = end;
+        }
+        runs
+    }
+
+    fn batch(&self, range: std::ops::Range<usize>, m: usize, k: usize) -> Batch {
         let k = k.max(1) as u32;
-        (0..self.active())
-            .step_by(per)
-            .map(|start| {
-                let range = start..(start + per).min(self.active());
-                let lists = &self.by_expert[range.clone()];
-                let m = lists.iter().map(Vec::len).max().unwrap_or(0);
-                let (mut src, mut valid) = (Vec::new(), Vec::new());
-                for (z, rows) in lists.iter().enumerate() {
-                    let pad = rows.first().map_or(0, |&s| s / k);
-                    for r in 0..m {
-                        src.push(rows.get(r).map_or(pad, |&s| s / k));
-                    }
-                    valid.extend((0..rows.len()).map(|r| (z * m + r) as u32));
-                }
-                Batch {
-                    range,
-                    m,
-                    src,
-                    valid,
-                }
-            })
-            .collect()
+        let (mut src, mut valid) = (Vec::new(), Vec::new());
+        for (z, rows) in self.by_expert[range.clone()].iter().enumerate() {
+            let pad = rows.first().map_or(0, |&s| s / k);
+            for r in 0..m {
+                src.push(rows.get(r).map_or(pad, |&s| s / k));
+            }
+            valid.extend((0..rows.len()).map(|r| (z * m + r) as u32));
+        }
+        Batch {
+            range,
+            m,
+            src,
+            valid,
+        }
     }
 
     /// The grouped rows' tokens and slots (`token·k + slot`), experts ascending.
@@ -184,7 +201,7 @@ mod tests {
         // token 0 → experts 3, 1; token 1 → experts 1, 2: expert 1 has tokens 0 and 1.
         let g = grouping(&[[3, 1], [1, 2]], 4)?;
         // Two experts' weights per run: [1, 2] then [3].
-        let b = g.batches(2, 100, 250);
+        let b = g.batches(2, 100, 1, 250);
         assert_eq!(b.len(), 2);
         assert_eq!((b[0].range.clone(), b[0].m), (0..2, 2));
         assert_eq!(b[0].src, [0, 1, 1, 1]); // expert 2's one row (token 1) padded with token 1
@@ -195,7 +212,15 @@ mod tests {
         );
         assert_eq!(b[1].valid, [0]);
         // A budget below one expert still makes progress, one expert per run.
-        assert_eq!(g.batches(2, 100, 10).len(), 3);
+        assert_eq!(g.batches(2, 100, 1, 10).len(), 3);
+        // Padded activations count too: experts 1 (2 rows) and 2 (1 row) padded to 2 rows each
+        // are 400 bytes of 100-byte rows, over 300, so expert 1 runs alone; 2 and 3 (1 row each)
+        // fit together.
+        let runs = g.batches(2, 1, 100, 300);
+        assert_eq!(
+            runs.iter().map(|b| b.range.len()).collect::<Vec<_>>(),
+            [1, 2]
+        );
         let (tokens, slots) = g.rows_in_order(2);
         assert_eq!((tokens, slots), (vec![0, 1, 1, 0], vec![1, 2, 3, 0]));
         Ok(())

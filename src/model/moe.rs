@@ -343,7 +343,8 @@ impl Experts {
 }
 
 /// The decoded expert weights one batch of dequant mode's batched GEMMs holds at once, per
-/// projection: 2 GiB (a GLM-5 bf16 expert projection is 25 MB: ~80 experts per batch).
+/// projection, and separately its padded activations: 2 GiB each (a GLM-5 bf16 expert projection
+/// is 25 MB: ~80 experts per batch).
 #[cfg(feature = "cuda")]
 const DECODE_BUDGET_BYTES: usize = 2 << 30;
 
@@ -373,7 +374,10 @@ impl Experts {
         let act_path = sub(&self.path, conv::ACT);
         let wants_act = capture.wants(&nth_call(&act_path, 0));
         let (mut ys, mut acts) = (Vec::new(), Vec::new());
-        for b in grouping.batches(k, widest * dtype.size_in_bytes(), DECODE_BUDGET_BYTES) {
+        // A padded row holds its input, gate, up and their product (hidden + 3·inter at most).
+        let row_bytes = (hidden + 3 * widest / hidden.max(1)) * dtype.size_in_bytes();
+        let weight_bytes = widest * dtype.size_in_bytes();
+        for b in grouping.batches(k, weight_bytes, row_bytes, DECODE_BUDGET_BYTES) {
             let n = b.range.len();
             let src = Tensor::from_vec(b.src, n * b.m, dev)?;
             let xs = x.index_select(&src, 0)?.reshape((n, b.m, hidden))?; // [n, m, hidden]

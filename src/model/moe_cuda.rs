@@ -356,6 +356,14 @@ pub fn keep_freed_memory(device: &candle_core::Device) -> Result<()> {
         return Ok(());
     };
     let cu = dev.cuda_stream().context().cu_device();
+    // Without memory pools cudarc allocates with cuMemAlloc: nothing to keep.
+    if attribute(
+        cu,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+    )? == 0
+    {
+        return Ok(());
+    }
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     let mut threshold = u64::MAX;
     let err = |e: sys::CUresult| candle_core::Error::Msg(format!("the device memory pool: {e:?}"));
@@ -433,6 +441,10 @@ fn decode(
     elems: usize,
 ) -> Result<CudaStorage> {
     const WHAT: &str = "expert decode";
+    // candle's decode kernels index with 32-bit ints.
+    if elems == 0 || i32::try_from(elems).is_err() {
+        candle_core::bail!("{WHAT}: {elems} values per expert (the kernels take 1..2^31)")
+    }
     let Some((ggml_type, _)) = kernel_type(w.dtype()) else {
         candle_core::bail!("{WHAT}: no kernel for {:?}", w.dtype())
     };
