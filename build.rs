@@ -22,7 +22,7 @@ fn main() {
         return;
     }
     if let Err(e) = build_moe_kernel() {
-        panic!("building cuda/moe_mmq.cu: {e}");
+        panic!("building glmcheck's CUDA kernels (cuda/*.cu): {e}");
     }
 }
 

@@ -42,8 +42,6 @@ GLMCHECK_DQ_ALL(float, f32)
 GLMCHECK_DQ_ALL(half, f16)
 GLMCHECK_DQ_ALL(__nv_bfloat16, bf16)
 
-typedef void (*glmcheck_dq_fn)(const char *, const int32_t *, long long, void *, long long);
-
 // Returns 0 when launched, 1 for a quant type or dtype without a kernel, 2 for an expert that is not
 // a whole number of 256-element blocks. ggml_type as ggml numbers it; dst_dtype 0 f32, 1 f16,
 // 2 bf16. experts null (n 1): the tensor's first expert_bytes, i.e. a whole matrix. The launch

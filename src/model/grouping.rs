@@ -141,13 +141,6 @@ impl Grouping {
             valid,
         }
     }
-
-    /// The grouped rows' tokens and slots (`token·k + slot`), experts ascending.
-    pub fn rows_in_order(&self, k: usize) -> (Vec<u32>, Vec<u32>) {
-        let slots: Vec<u32> = self.by_expert.iter().flatten().copied().collect();
-        let k = k.max(1) as u32;
-        (slots.iter().map(|s| s / k).collect(), slots)
-    }
 }
 
 /// The router's choices `[T, k]` (U32) by expert: for each of `n_experts` experts, its
@@ -221,8 +214,6 @@ mod tests {
             runs.iter().map(|b| b.range.len()).collect::<Vec<_>>(),
             [1, 2]
         );
-        let (tokens, slots) = g.rows_in_order(2);
-        assert_eq!((tokens, slots), (vec![0, 1, 1, 0], vec![1, 2, 3, 0]));
         Ok(())
     }
 

@@ -261,10 +261,8 @@ impl Experts {
         }
         let (t, hidden) = x.dims2()?;
         let per_expert = routed_rows(&r.indices, self.gate.len()?)?;
-        let flat_w = r.weights.flatten_all()?;
         let act_path = sub(&self.path, conv::ACT);
-        let mut tokens_all = Vec::new();
-        let mut contribs = Vec::new();
+        let (mut tokens_all, mut slots_all, mut contribs) = (Vec::new(), Vec::new(), Vec::new());
         let mut hit = 0;
         for (e, list) in per_expert.iter().enumerate() {
             if list.is_empty() {
@@ -274,32 +272,52 @@ impl Experts {
             let flat: Vec<u32> = list.iter().map(|&(_, f)| f).collect();
             let n = toks.len();
             let toks = Tensor::from_vec(toks, n, x.device())?;
-            let flat = Tensor::from_vec(flat, n, x.device())?;
             let xs = x.index_select(&toks, 0)?; // [n, hidden]
             let gate = self.gate.apply(e, &xs)?; // [n, inter]
             let act = gate.silu()?;
             emit(capture, &nth_call(&act_path, hit), &act)?;
             hit += 1;
             let up = self.up.apply(e, &xs)?;
-            let y = self.down.apply(e, &(act * up)?)?; // [n, hidden]
-                                                       // transformers: expert output (dtype) × f32 weight, back to the hidden dtype.
-            let w = flat_w.index_select(&flat, 0)?.unsqueeze(1)?; // [n, 1] f32
-            let y = y
-                .to_dtype(DType::F32)?
-                .broadcast_mul(&w)?
-                .to_dtype(x.dtype())?;
+            contribs.push(self.down.apply(e, &(act * up)?)?); // [n, hidden]
             tokens_all.push(toks);
-            contribs.push(y);
+            slots_all.push(Tensor::from_vec(flat, n, x.device())?);
         }
-        let out = Tensor::zeros((t, hidden), x.dtype(), x.device())?;
         if contribs.is_empty() {
-            return Ok(out);
+            return Tensor::zeros((t, hidden), x.dtype(), x.device());
         }
-        // One index_add over all contributions in expert order = the sequential per-expert sums.
-        let toks = Tensor::cat(&tokens_all, 0)?;
-        let ys = Tensor::cat(&contribs, 0)?;
-        out.index_add(&toks, &ys, 0)
+        let cat = |v: &[Tensor]| Tensor::cat(v, 0);
+        weighted_sum(
+            t,
+            &cat(&contribs)?,
+            &cat(&tokens_all)?,
+            &cat(&slots_all)?,
+            &r.weights,
+        )
     }
+}
+
+/// The routed experts' outputs `ys` `[R, hidden]` (rows in expert order: experts ascending, tokens
+/// ascending within one; row j is token `tokens[j]`'s slot `slots[j] = token·k + slot`) weighted
+/// and summed into `[T, hidden]`. As transformers: each output (compute dtype) × its f32 routing
+/// weight, back to the compute dtype, then one `index_add` in row order = the sequential
+/// per-expert sums of its eager loop.
+fn weighted_sum(
+    t: usize,
+    ys: &Tensor,
+    tokens: &Tensor,
+    slots: &Tensor,
+    weights: &Tensor,
+) -> Result<Tensor> {
+    let (dtype, hidden) = (ys.dtype(), ys.dim(1)?);
+    let w = weights
+        .flatten_all()?
+        .index_select(slots, 0)?
+        .unsqueeze(1)?; // [R, 1] f32
+    let ys = ys
+        .to_dtype(DType::F32)?
+        .broadcast_mul(&w)?
+        .to_dtype(dtype)?;
+    Tensor::zeros((t, hidden), dtype, ys.device())?.index_add(tokens, &ys, 0)
 }
 
 #[cfg(feature = "cuda")]
@@ -396,9 +414,8 @@ impl Experts {
                 acts.push(act.reshape((n * b.m, inter))?.index_select(&valid, 0)?);
             }
         }
-        let out = Tensor::zeros((t, hidden), dtype, dev)?;
         if ys.is_empty() {
-            return Ok(out);
+            return Tensor::zeros((t, hidden), dtype, dev);
         }
         if wants_act {
             // The per-expert captures of the eager loop: experts ascending, tokens ascending.
@@ -413,23 +430,13 @@ impl Experts {
                 at += rows.len();
             }
         }
-        let (tokens, slots) = grouping.rows_in_order(k);
-        let n = tokens.len();
+        // The table's token and slot segments are the rows' order (see `Grouping`).
+        let rows = grouping.rows;
         let (tokens, slots) = (
-            Tensor::from_vec(tokens, n, dev)?,
-            Tensor::from_vec(slots, n, dev)?,
+            grouping.table.narrow(0, 0, rows)?,
+            grouping.table.narrow(0, rows, rows)?,
         );
-        // transformers: expert output (dtype) × f32 weight, back to the hidden dtype.
-        let w = r
-            .weights
-            .flatten_all()?
-            .index_select(&slots, 0)?
-            .unsqueeze(1)?; // [R, 1] f32
-        let ys = Tensor::cat(&ys, 0)?
-            .to_dtype(DType::F32)?
-            .broadcast_mul(&w)?
-            .to_dtype(dtype)?;
-        out.index_add(&tokens, &ys, 0)
+        weighted_sum(t, &Tensor::cat(&ys, 0)?, &tokens, &slots, &r.weights)
     }
 }
 
