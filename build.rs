@@ -1,7 +1,8 @@
 //! With `--features cuda`: compiles `cuda/moe_mmq.cu` (glmcheck's grouped MoE kernel over
 //! llama.cpp's MMQ tiles, as vendored in candle-kernels) and `cuda/dequant_experts.cu` (the active
-//! experts of a stack decoded in one launch by candle-kernels' own dequantize kernels) with nvcc
-//! into a static library.
+//! experts of a stack decoded in one launch by candle-kernels' own dequantize kernels) and
+//! `cuda/dequant_gemm.cu` (dequant mode's tiled kernel: blocks decoded in shared memory and
+//! multiplied there) with nvcc into a static library.
 //! Without the feature this does nothing: CI and the README's commands never need nvcc.
 //!
 //! Environment: `CUDA_COMPUTE_CAP` (default 90), nvcc from `$CUDA_HOME/bin` or `PATH`, and
@@ -16,6 +17,7 @@ fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-changed=cuda/moe_mmq.cu");
     println!("cargo::rerun-if-changed=cuda/dequant_experts.cu");
+    println!("cargo::rerun-if-changed=cuda/dequant_gemm.cu");
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo::rerun-if-env-changed=GLMCHECK_MMQ_INCLUDE");
     if env::var_os("CARGO_FEATURE_CUDA").is_none() {
@@ -40,6 +42,7 @@ fn build_moe_kernel() -> Result<(), String> {
     let sources = [
         ("cuda/moe_mmq.cu", &include),
         ("cuda/dequant_experts.cu", &kernels_src),
+        ("cuda/dequant_gemm.cu", &kernels_src),
     ];
     let mut jobs = Vec::new();
     for (src, inc) in sources {

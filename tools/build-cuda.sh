@@ -4,6 +4,7 @@
 #
 #   tools/build-cuda.sh                 # → target-cuda/release/glmcheck
 #   CUDA_COMPUTE_CAP=80 tools/build-cuda.sh   # another GPU generation
+#   tools/build-cuda.sh --tests         # also the unit tests (prints their binary)
 #
 # What it does (known to work with candle 0.11.1 / cudarc 0.19):
 #  1. a venv with NVIDIA's CUDA 13.0 PyPI wheels (nvcc, runtime, crt, nvvm, cccl, cublas, nvrtc,
@@ -62,3 +63,14 @@ if [ ! -f "$links/libcuda.so" ]; then
 fi
 cargo build --release --features cuda --manifest-path "$root/Cargo.toml"
 echo "$target/release/glmcheck"
+# --tests: also the library's unit tests with the feature (the kernels against candle's decoders),
+# built here and run on the GPU machine (they skip without a device); prints the test binary.
+if [ "${1:-}" = "--tests" ]; then
+    cargo test --release --features cuda --lib --no-run --manifest-path "$root/Cargo.toml" \
+        --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["lib"]:
+        print(m["executable"])'
+fi

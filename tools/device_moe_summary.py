@@ -3,7 +3,9 @@
 
 Usage: tools/device_moe_summary.py [--append] OUT_STEM LABEL=DIR [LABEL=DIR ...]
 Each DIR holds q8-N[-VARIANT].json (--bench --profile; VARIANT: an environment of VARIANTS),
-dequant-N.json, q8_0-q8-*.json, q8check[-VARIANT]*/ and fixture/ as the script writes them; LABEL
+dequant-N.json, q8_0-q8-*.json, q8check[-VARIANT]*/ and fixture/ as the script writes them, or
+tools/device_tiled_check.sh's q8-N.json, batched-N.json (dequant, decode-then-GEMM experts) and
+tiled-N.json (dequant, the tiled kernel); LABEL
 names the build (a commit or a described variant). --append keeps the runs already in
 OUT_STEM.json; the markdown's hand-written "## Reading these runs" section is kept.
 """
@@ -66,7 +68,9 @@ def main():
             runs.append({
                 "label": f"{label} [{v}]" if v else label, "gpu": gpu,
                 "q4_k_m": {n: bench(d, f"q8-{n}{sfx}") for n in (16, 64, 256)},
-                "q4_k_m_dequant": {n: bench(d, f"dequant-{n}") if once else None for n in (16, 256)},
+                "q4_k_m_dequant": {n: (bench(d, f"dequant-{n}") or bench(d, f"batched-{n}")) if once else None
+                                   for n in (16, 256)},
+                "q4_k_m_dequant_tiled": {n: bench(d, f"tiled-{n}") if once else None for n in (16, 256)},
                 "q8_0": {n: bench(d, f"q8_0-q8-{n}") if once else None for n in (16, 256)},
                 "q8_vs_dequant": {f"{m}-{dt}": check(d, s, f"q8-vs-dequant-{dt}")
                                   for m, s in (("q4_k_m", sub), ("q8_0", "q8check-q8_0"))
@@ -76,19 +80,21 @@ def main():
     f = lambda x, p=2: "—" if x is None else f"{x:.{p}f}"
     lines = ["| build | model, mode | tokens | best ms | median ms | experts ms (profiled) |", "|---|---|---|---|---|---|"]
     for r in runs:
-        for m, name in (("q4_k_m", "q4_k_m q8"), ("q4_k_m_dequant", "q4_k_m dequant"), ("q8_0", "q8_0 q8")):
+        for m, name in (("q4_k_m", "q4_k_m q8"), ("q4_k_m_dequant", "q4_k_m dequant"),
+                        ("q4_k_m_dequant_tiled", "q4_k_m dequant, tiled experts"), ("q8_0", "q8_0 q8")):
             for n, b in (r.get(m) or {}).items():
                 if b:
                     lines.append(f"| {r['label']} | {name} | {n} | {f(b['best_ms'])} | {f(b['median_ms'])} | {f(b['experts_profiled_ms'])} |")
     lines += ["", "| build | q8 vs dequant | verdict | KL mean | KL max | top-1 | positions excluded (per MoE layer) |", "|---|---|---|---|---|---|---|"]
     for r in runs:
-        for k, c in r["q8_vs_dequant"].items():
+        for k, c in (r.get("q8_vs_dequant") or {}).items():
             if c:
                 lines.append(f"| {r['label']} | {k} | {c['verdict']} | {f(c['kl_mean'], 4)} | {f(c['kl_max'], 4)} | {c['top1']}/{c['positions']} | {c['excluded']} |")
     gpu = next((r["gpu"] for r in runs if r["gpu"]), "unknown GPU")
     head = [
         "# glmcheck's grouped MoE kernels on the GPU (`--matmul q8` and `--matmul dequant`)", "",
-        f"GPU: {gpu}. Produced by `tools/device_moe_summary.py` from `tools/device_moe_grouped.sh` result dirs "
+        f"GPU: {gpu}. Produced by `tools/device_moe_summary.py` from `tools/device_moe_grouped.sh` "
+        "and `tools/device_tiled_check.sh` result dirs "
         f"({', '.join(r['label'] for r in runs)}).", "",
         "Model: `glmcheck synth --dims glm5 --layers 3 --qtype q4_k_m` (random weights, GLM-5's shapes, 1 dense + 2 MoE, "
         "13.5 GB) and `--layers 2 --qtype q8_0` (1 dense + 1 MoE). `forward --device cuda --dtype bf16 --matmul q8|dequant "

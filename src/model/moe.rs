@@ -256,7 +256,16 @@ impl Experts {
         {
             return match mode {
                 MatmulMode::Q8 => self.fused([g, u, d], x, r, capture),
-                MatmulMode::Dequant => self.batched([g, u, d], x, r, capture),
+                MatmulMode::Dequant => {
+                    if [g, u, d]
+                        .iter()
+                        .all(|q| super::moe_cuda::tiled_dequant(q, x.dtype()))
+                    {
+                        self.tiled([g, u, d], x, r, capture)
+                    } else {
+                        self.batched([g, u, d], x, r, capture)
+                    }
+                }
             };
         }
         let (t, hidden) = x.dims2()?;
@@ -357,6 +366,48 @@ impl Experts {
             .broadcast_mul(&r.weights.unsqueeze(2)?)?
             .sum(1)?
             .to_dtype(x.dtype())
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Experts {
+    /// Dequant mode on CUDA in bf16/f16: [`Experts::batched`]'s arithmetic (weights decoded into
+    /// the compute dtype, products summed in f32, each projection rounded to the compute dtype,
+    /// SiLU and the gate·up product in the compute dtype) in one tiled kernel per projection that
+    /// decodes the blocks in shared memory (`cuda/dequant_gemm.cu`): the decoded weights never
+    /// reach device memory, and no row is padded.
+    fn tiled(
+        &self,
+        [g, u, d]: [&Arc<QTensor>; 3],
+        x: &Tensor,
+        r: &Routing,
+        capture: &mut dyn Capture,
+    ) -> Result<Tensor> {
+        let t = x.dim(0)?;
+        let grouping = super::grouping::Grouping::new(&r.indices, self.gate.len()?)?;
+        let x = x.contiguous()?;
+        let act = grouping.dequant_matmul(g, &x, true)?.silu()?; // [R, inter], grouped order
+        let up = grouping.dequant_matmul(u, &x, true)?;
+        let y = grouping.dequant_matmul(d, &(&act * up)?, false)?; // [R, hidden]
+        let act_path = sub(&self.path, conv::ACT);
+        if capture.wants(&nth_call(&act_path, 0)) {
+            // The per-expert captures of the eager loop: experts ascending, tokens ascending.
+            let mut at = 0;
+            for (hit, rows) in grouping.by_expert.iter().enumerate() {
+                emit(
+                    capture,
+                    &nth_call(&act_path, hit),
+                    &act.narrow(0, at, rows.len())?,
+                )?;
+                at += rows.len();
+            }
+        }
+        let rows = grouping.rows;
+        let (tokens, slots) = (
+            grouping.table.narrow(0, 0, rows)?,
+            grouping.table.narrow(0, rows, rows)?,
+        );
+        weighted_sum(t, &y, &tokens, &slots, &r.weights)
     }
 }
 

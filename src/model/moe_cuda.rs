@@ -55,6 +55,24 @@ extern "C" {
         expert_elems: i64,
         stream: *mut std::ffi::c_void,
     ) -> i32;
+    fn glmcheck_dequant_matmul_type(ggml_type: i32) -> i32;
+    fn glmcheck_dequant_matmul(
+        ggml_type: i32,
+        dtype: i32,
+        w: *const std::ffi::c_void,
+        expert_bytes: i64,
+        row_bytes: i64,
+        x: *const std::ffi::c_void,
+        src: *const i32,
+        bounds: *const i32,
+        experts: *const i32,
+        y: *mut std::ffi::c_void,
+        n_out: i32,
+        k_in: i32,
+        n_active: i32,
+        max_rows: i32,
+        stream: *mut std::ffi::c_void,
+    ) -> i32;
 }
 
 /// The quant types the grouped kernel is built for, with ggml's type id and block size.
@@ -80,7 +98,31 @@ pub(crate) fn grouped_type(t: GgmlDType) -> bool {
     kernel_type(t).is_some()
 }
 
+/// Whether dequant mode's tiled kernel (`cuda/dequant_gemm.cu`: blocks decoded into shared memory
+/// and multiplied there, never written out) covers this `[E, out, in]` stack in `dtype`: bf16 or
+/// f16 compute, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K blocks, `out` a multiple of 64 and `in` of 256.
+/// `GLMCHECK_DEQUANT_EXPERTS=batched` turns it off (decode-then-GEMM, to cross-check the two).
+pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
+    let shape_ok = matches!(w.shape().dims(), &[_, out, inp] if out.is_multiple_of(64) && inp.is_multiple_of(256));
+    let type_ok = kernel_type(w.dtype())
+        .is_some_and(|(t, _)| unsafe { glmcheck_dequant_matmul_type(t) } == 1);
+    let off = std::env::var_os("GLMCHECK_DEQUANT_EXPERTS").is_some_and(|v| v == "batched");
+    matches!(dtype, DType::BF16 | DType::F16) && shape_ok && type_ok && !off
+}
+
 impl Grouping {
+    /// Dequant mode's tiled kernel: `w` `[E, out, in]` (quantized) applied to rows of `x` (bf16 or
+    /// f16 `[_, in]`): grouped row j is expert `experts(j)` times `x[tokens[j]]` (`by_token`) or
+    /// `x[j]`. → `[rows, out]` in `x`'s dtype, rows in grouped order (see [`tiled_dequant`]).
+    pub fn dequant_matmul(&self, w: &QTensor, x: &Tensor, by_token: bool) -> Result<Tensor> {
+        let op = DequantMatmul {
+            w,
+            g: self,
+            by_token,
+        };
+        x.contiguous()?.apply_op2_no_bwd(&self.table, &op)
+    }
+
     /// Active experts `range` (of [`Grouping::active`], ascending ids) of `w` `[E, out, in]`
     /// (quantized) decoded into `dtype` (f32, f16 or bf16): `[range.len(), out, in]`, one launch.
     pub fn dequantize(&self, w: &QTensor, dtype: DType, range: Range<usize>) -> Result<Tensor> {
@@ -111,6 +153,12 @@ struct DequantExperts<'a> {
     g: &'a Grouping,
     range: Range<usize>,
     dtype: DType,
+}
+
+struct DequantMatmul<'a> {
+    w: &'a QTensor,
+    g: &'a Grouping,
+    by_token: bool,
 }
 
 struct GroupedMatmul<'a> {
@@ -306,6 +354,117 @@ impl CustomOp2 for GroupedMatmul<'_> {
     }
 }
 
+impl CustomOp2 for DequantMatmul<'_> {
+    fn name(&self) -> &'static str {
+        "glmcheck-dequant-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("the tiled dequant kernel runs on CUDA only")
+    }
+
+    fn cuda_fwd(
+        &self,
+        xs: &CudaStorage,
+        xl: &Layout,
+        ts: &CudaStorage,
+        tl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        const WHAT: &str = "tiled dequant matmul";
+        let &[n_experts, out, inp] = self.w.shape().dims() else {
+            candle_core::bail!("{WHAT}: weight {:?} is not [E, out, in]", self.w.shape())
+        };
+        let Some((ggml_type, _)) = kernel_type(self.w.dtype()) else {
+            candle_core::bail!("{WHAT}: no kernel for {:?}", self.w.dtype())
+        };
+        let (&[x_rows, x_in], Some((x0, _)), Some((t0, _))) = (
+            xl.shape().dims(),
+            xl.contiguous_offsets(),
+            tl.contiguous_offsets(),
+        ) else {
+            candle_core::bail!("{WHAT}: activations {:?} are not [rows, in]", xl.shape())
+        };
+        let g = self.g;
+        let (rows, active) = (g.rows, g.active());
+        if x_in != inp || (!self.by_token && x_rows != rows) {
+            candle_core::bail!(
+                "{WHAT}: activations [{x_rows}, {x_in}] for a [{n_experts}, {out}, {inp}] stack and {rows} rows"
+            )
+        }
+        let row_bytes = inp / self.w.dtype().block_size() * self.w.dtype().type_size();
+        if n_experts * out * row_bytes > self.w.storage_size_in_bytes() {
+            candle_core::bail!("{WHAT}: {n_experts} experts overrun the stack's bytes")
+        }
+        let dev = xs.device().clone();
+        let stream = dev.cuda_stream();
+        let stream_ptr = stream.cu_stream() as *mut std::ffi::c_void;
+        let table = ts.as_cuda_slice::<u32>()?.slice(t0..);
+        let (t_ptr, _gt) = table.device_ptr(&stream);
+        let at = |offset: usize| (t_ptr + 4 * offset as u64) as *const i32;
+        let src = if self.by_token {
+            at(0)
+        } else {
+            std::ptr::null()
+        };
+        let (bounds, experts) = (at(2 * rows), at(2 * rows + active + 1));
+        let w_ptr = self.w.device_ptr()? as *const std::ffi::c_void;
+        if rows == 0 || active == 0 {
+            candle_core::bail!("{WHAT}: no routed rows")
+        }
+        let dims = [out, inp, active, g.max_rows()].map(i32::try_from);
+        let [Ok(n_out), Ok(k_in), Ok(n_active), Ok(max_rows)] = dims else {
+            return Err(too_big("a dimension"));
+        };
+        // The kernel copies 16-byte pieces of each activation row.
+        let launch = |code: i32, x: u64, y: *mut std::ffi::c_void| unsafe {
+            if !x.is_multiple_of(16) {
+                return -1;
+            }
+            glmcheck_dequant_matmul(
+                ggml_type,
+                code,
+                w_ptr,
+                (out * row_bytes) as i64,
+                row_bytes as i64,
+                x as *const std::ffi::c_void,
+                src,
+                bounds,
+                experts,
+                y,
+                n_out,
+                k_in,
+                n_active,
+                max_rows,
+                stream_ptr,
+            )
+        };
+        let (rc, storage) = match xs.dtype() {
+            DType::BF16 => {
+                let x = xs.as_cuda_slice::<half::bf16>()?.slice(x0..);
+                let (x_ptr, _gx) = x.device_ptr(&stream);
+                into::<half::bf16>(&dev, rows * out, |y| launch(2, x_ptr, y))?
+            }
+            DType::F16 => {
+                let x = xs.as_cuda_slice::<half::f16>()?.slice(x0..);
+                let (x_ptr, _gx) = x.device_ptr(&stream);
+                into::<half::f16>(&dev, rows * out, |y| launch(1, x_ptr, y))?
+            }
+            d => candle_core::bail!("{WHAT}: no kernel for {d:?} activations"),
+        };
+        drop(_gt);
+        if rc != 0 {
+            candle_core::bail!("{WHAT}: launcher refused (code {rc}; -1: unaligned activations)")
+        }
+        Ok((storage, (rows, out).into()))
+    }
+}
+
 impl CustomOp1 for DequantExperts<'_> {
     fn name(&self) -> &'static str {
         "glmcheck-dequant-experts"
@@ -492,3 +651,7 @@ where
     drop(guard);
     Ok((rc, CudaStorage::wrap_cuda_slice(y, dev.clone())))
 }
+
+#[cfg(test)]
+#[path = "moe_cuda_tests.rs"]
+mod tests;

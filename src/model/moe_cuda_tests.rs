@@ -1,0 +1,91 @@
+//! The CUDA kernels against candle's own decoders, on the GPU (`cargo test --features cuda` on a
+//! machine with one; skipped without a device). Built here with tools/build-cuda.sh's environment
+//! and `--no-run`, run on the H200 machine by tools/device_moe_grouped.sh.
+
+use super::*;
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, IndexOp, Tensor};
+
+/// rel-L2 of `a` against `b` (both f32).
+fn rel_l2(a: &Tensor, b: &Tensor) -> Result<f32> {
+    let num = (a - b)?.sqr()?.sum_all()?.to_scalar::<f32>()?;
+    let den = b.sqr()?.sum_all()?.to_scalar::<f32>()?;
+    Ok((num / den).sqrt())
+}
+
+/// Every type the tiled kernel covers, both tile widths (≤ 16 and ≤ 32 rows per expert), both
+/// input orders (by token: gate/up; grouped rows: down), bf16 and f16: the kernel's output equals
+/// candle's CUDA decode rounded to the compute dtype and multiplied in f32, to the output's
+/// rounding (a swapped nibble, scale or row gives a rel-L2 near 1).
+#[test]
+fn the_tiled_dequant_kernel_equals_candles_decode_then_matmul() -> Result<()> {
+    let Ok(dev) = Device::new_cuda(0) else {
+        eprintln!("no CUDA device: skipped");
+        return Ok(());
+    };
+    let (e, out, inp, k) = (4usize, 128usize, 512usize, 2usize);
+    let w = Tensor::randn(0f32, 1.0, (e, out, inp), &Device::Cpu)?;
+    let types = [
+        GgmlDType::Q4_0,
+        GgmlDType::Q5_0,
+        GgmlDType::Q8_0,
+        GgmlDType::Q4K,
+        GgmlDType::Q5K,
+        GgmlDType::Q6K,
+    ];
+    for qt in types {
+        let q = QTensor::quantize_onto(&w, qt, &dev)?;
+        for dtype in [DType::BF16, DType::F16] {
+            assert!(tiled_dequant(&q, dtype), "{qt:?} {dtype:?} not covered");
+            // The weights as the kernel must see them: candle's decode, rounded to the dtype.
+            let deq = q
+                .dequantize(&dev)?
+                .to_dtype(dtype)?
+                .to_dtype(DType::F32)?
+                .to_device(&Device::Cpu)?;
+            for t in [12usize, 40] {
+                // token i → experts i % e and (i + 1) % e: 6 or 20 rows per expert.
+                let ids: Vec<u32> = (0..t)
+                    .flat_map(|i| [(i % e) as u32, ((i + 1) % e) as u32])
+                    .collect();
+                let g = Grouping::new(&Tensor::from_vec(ids, (t, k), &dev)?, e)?;
+                let table = g.table.to_vec1::<u32>()?;
+                // The table: tokens [rows], slots [rows], bounds [active + 1], experts [active].
+                let a = g.active();
+                let tokens = &table[..g.rows];
+                let bounds = &table[2 * g.rows..2 * g.rows + a + 1];
+                let experts = &table[2 * g.rows + a + 1..];
+                let expert_of = |j: usize| -> usize {
+                    let z = bounds[..a]
+                        .iter()
+                        .rposition(|&b| b as usize <= j)
+                        .unwrap_or(0);
+                    experts[z] as usize
+                };
+                for by_token in [true, false] {
+                    let n = if by_token { t } else { g.rows };
+                    let x = Tensor::randn(0f32, 1.0, (n, inp), &dev)?.to_dtype(dtype)?;
+                    let got = g
+                        .dequant_matmul(&q, &x, by_token)?
+                        .to_dtype(DType::F32)?
+                        .to_device(&Device::Cpu)?;
+                    let xf = x.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
+                    let want = (0..g.rows)
+                        .map(|j| {
+                            let row = if by_token { tokens[j] as usize } else { j };
+                            xf.i(row..row + 1)?.matmul(&deq.i(expert_of(j))?.t()?)
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    let want = Tensor::cat(&want, 0)?;
+                    let err = rel_l2(&got, &want)?;
+                    assert!(
+                        err < 3e-3,
+                        "{qt:?} {dtype:?} t={t} by_token={by_token}: rel-L2 {err:.2e}"
+                    );
+                    eprintln!("{qt:?} {dtype:?} t={t} by_token={by_token}: rel-L2 {err:.2e}");
+                }
+            }
+        }
+    }
+    Ok(())
+}
