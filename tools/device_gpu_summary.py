@@ -402,8 +402,8 @@ def main():
           "## What this does and does not show",
           "",
           "- Same weights in all three up to representation: the GGUF's Q4_K_M blocks (glmcheck, llama.cpp) and "
-          "their bf16 dequantization (transformers). glmcheck `--matmul dequant` decodes blocks to bf16 before each "
-          "GEMM; `--matmul q8` quantizes activations to 8 bits as llama.cpp's kernels do.",
+          "their bf16 dequantization (transformers). glmcheck `--matmul dequant` decodes blocks to bf16 for each "
+          "GEMM (the routed experts' in shared memory, inside the GEMM: `cuda/dequant_gemm.cu`); `--matmul q8` quantizes activations to 8 bits as llama.cpp's kernels do.",
           "- bound_ms is a lower bound from bytes alone (" + (runs[0]["bound_basis"] or "no basis") + " at 16 tokens): "
           "it ignores compute, launches and the dense weights glmcheck holds dequantized (bf16, larger than "
           "the GGUF's blocks).",

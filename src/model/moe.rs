@@ -391,23 +391,9 @@ impl Experts {
         let y = grouping.dequant_matmul(d, &(&act * up)?, false)?; // [R, hidden]
         let act_path = sub(&self.path, conv::ACT);
         if capture.wants(&nth_call(&act_path, 0)) {
-            // The per-expert captures of the eager loop: experts ascending, tokens ascending.
-            let mut at = 0;
-            for (hit, rows) in grouping.by_expert.iter().enumerate() {
-                emit(
-                    capture,
-                    &nth_call(&act_path, hit),
-                    &act.narrow(0, at, rows.len())?,
-                )?;
-                at += rows.len();
-            }
+            emit_grouped_acts(capture, &act_path, &grouping, &act)?;
         }
-        let rows = grouping.rows;
-        let (tokens, slots) = (
-            grouping.table.narrow(0, 0, rows)?,
-            grouping.table.narrow(0, rows, rows)?,
-        );
-        weighted_sum(t, &y, &tokens, &slots, &r.weights)
+        grouped_sum(t, &grouping, &y, &r.weights)
     }
 }
 
@@ -469,26 +455,48 @@ impl Experts {
             return Tensor::zeros((t, hidden), dtype, dev);
         }
         if wants_act {
-            // The per-expert captures of the eager loop: experts ascending, tokens ascending.
-            let acts = Tensor::cat(&acts, 0)?;
-            let mut at = 0;
-            for (hit, rows) in grouping.by_expert.iter().enumerate() {
-                emit(
-                    capture,
-                    &nth_call(&act_path, hit),
-                    &acts.narrow(0, at, rows.len())?,
-                )?;
-                at += rows.len();
-            }
+            emit_grouped_acts(capture, &act_path, &grouping, &Tensor::cat(&acts, 0)?)?;
         }
-        // The table's token and slot segments are the rows' order (see `Grouping`).
-        let rows = grouping.rows;
-        let (tokens, slots) = (
-            grouping.table.narrow(0, 0, rows)?,
-            grouping.table.narrow(0, rows, rows)?,
-        );
-        weighted_sum(t, &Tensor::cat(&ys, 0)?, &tokens, &slots, &r.weights)
+        grouped_sum(t, &grouping, &Tensor::cat(&ys, 0)?, &r.weights)
     }
+}
+
+/// The eager loop's per-expert captures (experts ascending, tokens ascending) from the activations
+/// of the grouped rows `[R, inter]`.
+#[cfg(feature = "cuda")]
+fn emit_grouped_acts(
+    capture: &mut dyn Capture,
+    act_path: &str,
+    grouping: &super::grouping::Grouping,
+    acts: &Tensor,
+) -> Result<()> {
+    let mut at = 0;
+    for (hit, rows) in grouping.by_expert.iter().enumerate() {
+        emit(
+            capture,
+            &nth_call(act_path, hit),
+            &acts.narrow(0, at, rows.len())?,
+        )?;
+        at += rows.len();
+    }
+    Ok(())
+}
+
+/// The grouped rows' outputs `y` `[R, hidden]` weighted and summed per token → `[t, hidden]`; the
+/// table's token and slot segments are the rows' order (see `Grouping`).
+#[cfg(feature = "cuda")]
+fn grouped_sum(
+    t: usize,
+    grouping: &super::grouping::Grouping,
+    y: &Tensor,
+    weights: &Tensor,
+) -> Result<Tensor> {
+    let rows = grouping.rows;
+    let (tokens, slots) = (
+        grouping.table.narrow(0, 0, rows)?,
+        grouping.table.narrow(0, rows, rows)?,
+    );
+    weighted_sum(t, y, &tokens, &slots, weights)
 }
 
 #[derive(Debug, Clone)]
