@@ -379,3 +379,100 @@ extern "C" int glmcheck_dequant_matmul(
         default: return 1;
     }
 }
+
+// ---- Whole tensors decoded into device memory with the same decoders ------------------------------
+// A warp takes 32 consecutive 32-value sub-blocks (four 256-value groups): it copies their bytes into
+// shared memory as aligned words (coalesced; never a word past the tensor's last byte), each lane
+// decodes one sub-block into a staging tile, and the warp writes the 1024 values out contiguously.
+
+namespace {
+
+constexpr int DW = 4; // warps per block
+
+template <typename O> __device__ __forceinline__ void store4(O * y, float4 f);
+template <> __device__ __forceinline__ void store4<float>(float * y, float4 f) { *(float4 *) y = f; }
+template <> __device__ __forceinline__ void store4<half>(half * y, float4 f) {
+    half2 a = __floats2half2_rn(f.x, f.y), b = __floats2half2_rn(f.z, f.w);
+    *(uint2 *) y = make_uint2(*(uint32_t *) &a, *(uint32_t *) &b);
+}
+template <> __device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16 * y, float4 f) {
+    *(uint2 *) y = make_uint2(pack2<__nv_bfloat16>(f.x, f.y), pack2<__nv_bfloat16>(f.z, f.w));
+}
+
+template <int T, typename O>
+__global__ void __launch_bounds__(32 * DW) glmcheck_decode_whole_k(const uint8_t * __restrict__ x,
+                                                                    O * __restrict__ y, long long n_groups) {
+    constexpr int B = bytes_256(T), RAW = (4 * B + 4 + 3) / 4 + 4; // words: 4 groups + misalignment + slack
+    constexpr int PITCH = 36;                                       // floats per staged sub-block
+    __shared__ uint32_t raw[DW][RAW];
+    __shared__ __align__(16) float st[DW][32 * PITCH];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long g0 = ((long long) blockIdx.x * DW + warp) * 4; // first 256-value group
+    if (g0 >= n_groups) {
+        return;
+    }
+    const int groups = (int) min(4LL, n_groups - g0);
+    const uintptr_t start = (uintptr_t) (x + g0 * B), end = start + (uintptr_t) groups * B;
+    const uint32_t * w0 = (const uint32_t *) (start & ~(uintptr_t) 3);
+    const int words = (int) (((end + 3) & ~(uintptr_t) 3) - (uintptr_t) w0) / 4;
+    for (int i = lane; i < words; i += 32) {
+        raw[warp][i] = w0[i];
+    }
+    __syncwarp();
+    const uint8_t * base = (const uint8_t *) raw[warp] + (start & 3);
+    float * s = st[warp];
+    if (lane < 8 * groups) {
+        float v[32];
+        decode32<T>(base + (lane / 8) * B, lane % 8, v);
+        float4 * d = (float4 *) (s + lane * PITCH);
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+            d[q] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+        }
+    }
+    __syncwarp();
+    O * out = y + g0 * 256;
+    for (int e = 4 * lane; e < 256 * groups; e += 128) {
+        store4<O>(out + e, *(const float4 *) (s + (e / 32) * PITCH + e % 32));
+    }
+}
+
+template <int T>
+int decode_whole(int dtype, const void * x, void * y, long long n_groups, cudaStream_t s) {
+    const long long blocks = (n_groups + 4 * DW - 1) / (4 * DW);
+    if (blocks > 0x7fffffffLL) {
+        return 2;
+    }
+    const uint8_t * xb = (const uint8_t *) x;
+    switch (dtype) {
+        case 0: glmcheck_decode_whole_k<T, float><<<(unsigned) blocks, 32 * DW, 0, s>>>(xb, (float *) y, n_groups); break;
+        case 1: glmcheck_decode_whole_k<T, half><<<(unsigned) blocks, 32 * DW, 0, s>>>(xb, (half *) y, n_groups); break;
+        case 2: glmcheck_decode_whole_k<T, __nv_bfloat16><<<(unsigned) blocks, 32 * DW, 0, s>>>(
+                    xb, (__nv_bfloat16 *) y, n_groups); break;
+        default: return 1;
+    }
+    return cudaGetLastError() == cudaSuccess ? 0 : 3;
+}
+
+} // namespace
+
+// n_values (a multiple of 256) of a tensor of `ggml_type` blocks at x, decoded into y: dtype 0 f32,
+// 1 f16, 2 bf16. Returns 0 when launched; 1: no kernel for the type or dtype; 2: a shape it does not
+// take; 3: CUDA refused the launch.
+extern "C" int glmcheck_decode_whole(int ggml_type, int dtype, const void * x, void * y, long long n_values,
+                                     void * stream) {
+    if (n_values <= 0 || n_values % 256 != 0) {
+        return 2;
+    }
+    const long long g = n_values / 256;
+    const cudaStream_t s = (cudaStream_t) stream;
+    switch (ggml_type) {
+        case Q4_0: return decode_whole<Q4_0>(dtype, x, y, g, s);
+        case Q5_0: return decode_whole<Q5_0>(dtype, x, y, g, s);
+        case Q8_0: return decode_whole<Q8_0>(dtype, x, y, g, s);
+        case Q4_K: return decode_whole<Q4_K>(dtype, x, y, g, s);
+        case Q5_K: return decode_whole<Q5_K>(dtype, x, y, g, s);
+        case Q6_K: return decode_whole<Q6_K>(dtype, x, y, g, s);
+        default: return 1;
+    }
+}

@@ -1,5 +1,6 @@
 //! Decode throughput on a device: a tensor's blocks uploaded as they are (a candle `QTensor`),
-//! decoded to f32 there, timed against a plain device copy of the decoded tensor in the same run
+//! decoded to f32 there (by glmcheck's CUDA decoder where it covers the type, `cuda_decode`, else
+//! candle's), timed against a plain device copy of the decoded tensor in the same run
 //! (the ceiling a decode that must read the blocks and write f32 can approach).
 
 use std::time::Instant;
@@ -78,14 +79,23 @@ fn timed(device: &Device, t: TensorRef<'_>, repeat: usize) -> Result<(f64, f64),
         }
         Ok(best)
     };
-    let decode = best(&|p| parts[p].dequantize(device))?;
+    let decode = best(&|p| to_f32(&parts[p], device))?;
     let outs = parts
         .iter()
-        .map(|q| q.dequantize(device))
+        .map(|q| to_f32(q, device))
         .collect::<candle_core::Result<Vec<_>>>()
         .map_err(|e| e.to_string())?;
     let copy = best(&|p| outs[p].copy())?;
     Ok((decode, copy))
+}
+
+/// `q` decoded to f32 on `device`: glmcheck's CUDA decoder where it applies, candle's otherwise.
+fn to_f32(q: &QTensor, device: &Device) -> candle_core::Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if let Some(t) = super::cuda_decode::decode(q, candle_core::DType::F32)? {
+        return Ok(t);
+    }
+    q.dequantize(device)
 }
 
 /// `t`'s blocks on `device` as row parts of at most `part_elements` elements each.

@@ -2,6 +2,8 @@
 //!
 //! All checks of sizes and offsets live here; later stages may trust what this module hands out.
 
+#[cfg(feature = "cuda")]
+pub mod cuda_decode;
 pub mod dequant;
 pub mod device_decode;
 pub mod error;

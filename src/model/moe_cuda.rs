@@ -448,12 +448,16 @@ impl CustomOp2 for DequantMatmul<'_> {
             DType::BF16 => {
                 let x = xs.as_cuda_slice::<half::bf16>()?.slice(x0..);
                 let (x_ptr, _gx) = x.device_ptr(&stream);
-                into::<half::bf16>(&dev, rows * out, |y| launch(2, x_ptr, y))?
+                crate::gguf::cuda_decode::fill::<half::bf16>(&dev, rows * out, |y| {
+                    launch(2, x_ptr, y)
+                })?
             }
             DType::F16 => {
                 let x = xs.as_cuda_slice::<half::f16>()?.slice(x0..);
                 let (x_ptr, _gx) = x.device_ptr(&stream);
-                into::<half::f16>(&dev, rows * out, |y| launch(1, x_ptr, y))?
+                crate::gguf::cuda_decode::fill::<half::f16>(&dev, rows * out, |y| {
+                    launch(1, x_ptr, y)
+                })?
             }
             d => candle_core::bail!("{WHAT}: no kernel for {d:?} activations"),
         };
@@ -547,6 +551,10 @@ pub fn keep_freed_memory(device: &candle_core::Device) -> Result<()> {
 /// [`Grouping::dequantize`] (candle's f32 decode and a cast, for bf16, write and re-read the f32:
 /// a GLM-5 lm_head is 3.8 GB of it). None when the type or shape is not covered.
 pub fn dequantize_direct(q: &QTensor, dtype: DType) -> Result<Option<Tensor>> {
+    // glmcheck's coalesced decoder where it covers the type, candle-kernels' decoders otherwise.
+    if let Some(t) = crate::gguf::cuda_decode::decode(q, dtype)? {
+        return Ok(Some(t));
+    }
     let elems = q.shape().elem_count();
     if kernel_type(q.dtype()).is_none() || !elems.is_multiple_of(256) || !q.device().is_cuda() {
         return Ok(None);
@@ -624,32 +632,19 @@ fn decode(
         )
     };
     let (rc, storage) = match dtype {
-        DType::F32 => into::<f32>(dev, n * elems, |y| launch(0, y))?,
-        DType::F16 => into::<half::f16>(dev, n * elems, |y| launch(1, y))?,
-        DType::BF16 => into::<half::bf16>(dev, n * elems, |y| launch(2, y))?,
+        DType::F32 => crate::gguf::cuda_decode::fill::<f32>(dev, n * elems, |y| launch(0, y))?,
+        DType::F16 => {
+            crate::gguf::cuda_decode::fill::<half::f16>(dev, n * elems, |y| launch(1, y))?
+        }
+        DType::BF16 => {
+            crate::gguf::cuda_decode::fill::<half::bf16>(dev, n * elems, |y| launch(2, y))?
+        }
         d => candle_core::bail!("{WHAT}: no kernel for {d:?}"),
     };
     if rc != 0 {
         candle_core::bail!("{WHAT}: launcher refused (code {rc})")
     }
     Ok(storage)
-}
-
-/// A fresh `len`-element buffer of `T` on `dev`, filled by `fill` (a launch given its pointer).
-fn into<T>(
-    dev: &candle_core::CudaDevice,
-    len: usize,
-    fill: impl FnOnce(*mut std::ffi::c_void) -> i32,
-) -> Result<(i32, CudaStorage)>
-where
-    T: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr,
-{
-    let stream = dev.cuda_stream();
-    let y = unsafe { dev.alloc::<T>(len)? };
-    let (p, guard) = y.device_ptr(&stream);
-    let rc = fill(p as *mut std::ffi::c_void);
-    drop(guard);
-    Ok((rc, CudaStorage::wrap_cuda_slice(y, dev.clone())))
 }
 
 #[cfg(test)]

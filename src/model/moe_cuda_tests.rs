@@ -89,3 +89,54 @@ fn the_tiled_dequant_kernel_equals_candles_decode_then_matmul() -> Result<()> {
     }
     Ok(())
 }
+
+/// glmcheck's whole-tensor decoder gives candle's decoded values bit for bit: f32 against candle's
+/// f32 decode, f16 against its f16 decode, bf16 against its f32 decode rounded (what
+/// `linear::dequantize` used before). Sizes that end mid-warp (3 groups of 256 past a warp's 4).
+#[test]
+fn the_whole_tensor_decoder_equals_candles_bit_for_bit() -> Result<()> {
+    let Ok(dev) = Device::new_cuda(0) else {
+        eprintln!("no CUDA device: skipped");
+        return Ok(());
+    };
+    // quantize_onto takes its source on the CPU.
+    let w = (Tensor::randn(0f32, 1.0, (37, 512), &Device::Cpu)? * 0.05)?;
+    for qt in [
+        GgmlDType::Q4_0,
+        GgmlDType::Q5_0,
+        GgmlDType::Q8_0,
+        GgmlDType::Q4K,
+        GgmlDType::Q5K,
+        GgmlDType::Q6K,
+    ] {
+        let q = QTensor::quantize_onto(&w, qt, &dev)?;
+        let f32_ref = q.dequantize(&dev)?;
+        let wants = [
+            (DType::F32, f32_ref.clone()),
+            (DType::F16, q.dequantize_f16(&dev)?),
+            (DType::BF16, f32_ref.to_dtype(DType::BF16)?),
+        ];
+        for (dtype, want) in wants {
+            let got = crate::gguf::cuda_decode::decode(&q, dtype)?
+                .unwrap_or_else(|| panic!("{qt:?} {dtype:?} not covered"));
+            assert_eq!(got.dims(), want.dims());
+            let (g, w) = (
+                got.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+                want.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+            );
+            let diff = g
+                .iter()
+                .zip(&w)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                diff,
+                0,
+                "{qt:?} {dtype:?}: {diff} of {} values differ",
+                g.len()
+            );
+            eprintln!("{qt:?} {dtype:?}: {} values equal", g.len());
+        }
+    }
+    Ok(())
+}
