@@ -18,7 +18,9 @@ lines = [f"# GPU dequantization of large tensors ({r['date']})", "",
          f"{gpu}, commit `{commit}`. Model: `{model}`. Command: `{r['command']}` "
          f"(produced by `tools/device_dequant_summary.py`). Decode GB/s = (quantized bytes in + f32 bytes out) / best "
          "of 5; copy GB/s = a device copy of the decoded tensor in the same run, (read + write) / best of 5. "
-         "Tensors above 2^30 elements are decoded in parts (candle's kernels index with 32-bit ints).", "",
+         "Tensors above 2^30 elements are decoded in parts (candle's kernels index with 32-bit ints). Since ac13232 "
+         "Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K are decoded by glmcheck's kernel (`gguf/cuda_decode.rs`, the same "
+         "values as candle's bit for bit), other types by candle's.", "",
          "| tensor | type | elements | decode GB/s | copy GB/s | decode / copy |", "|---|---|---|---|---|---|"]
 for t in big:
     lines.append(f"| {t['name']} | {t['dtype']} | {t['elements']:,} | {t['gbps']:.0f} | {t['copy_gbps']:.0f} | "
