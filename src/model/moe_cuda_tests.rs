@@ -17,6 +17,16 @@ fn rel_l2(a: &Tensor, b: &Tensor) -> Result<f32> {
 /// input orders (by token: gate/up; grouped rows: down), bf16 and f16: the kernel's output equals
 /// candle's CUDA decode rounded to the compute dtype and multiplied in f32, to the output's
 /// rounding (a swapped nibble, scale or row gives a rel-L2 near 1).
+/// The quant types of `cuda/dequant_gemm.cu` (the tiled kernel and the whole-tensor decoder).
+const TILED_TYPES: [GgmlDType; 6] = [
+    GgmlDType::Q4_0,
+    GgmlDType::Q5_0,
+    GgmlDType::Q8_0,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+];
+
 #[test]
 fn the_tiled_dequant_kernel_equals_candles_decode_then_matmul() -> Result<()> {
     let Ok(dev) = Device::new_cuda(0) else {
@@ -25,15 +35,7 @@ fn the_tiled_dequant_kernel_equals_candles_decode_then_matmul() -> Result<()> {
     };
     let (e, out, inp, k) = (4usize, 128usize, 512usize, 2usize);
     let w = Tensor::randn(0f32, 1.0, (e, out, inp), &Device::Cpu)?;
-    let types = [
-        GgmlDType::Q4_0,
-        GgmlDType::Q5_0,
-        GgmlDType::Q8_0,
-        GgmlDType::Q4K,
-        GgmlDType::Q5K,
-        GgmlDType::Q6K,
-    ];
-    for qt in types {
+    for qt in TILED_TYPES {
         let q = QTensor::quantize_onto(&w, qt, &dev)?;
         for dtype in [DType::BF16, DType::F16] {
             assert!(tiled_dequant(&q, dtype), "{qt:?} {dtype:?} not covered");
@@ -101,14 +103,7 @@ fn the_whole_tensor_decoder_equals_candles_bit_for_bit() -> Result<()> {
     };
     // quantize_onto takes its source on the CPU.
     let w = (Tensor::randn(0f32, 1.0, (37, 512), &Device::Cpu)? * 0.05)?;
-    for qt in [
-        GgmlDType::Q4_0,
-        GgmlDType::Q5_0,
-        GgmlDType::Q8_0,
-        GgmlDType::Q4K,
-        GgmlDType::Q5K,
-        GgmlDType::Q6K,
-    ] {
+    for qt in TILED_TYPES {
         let q = QTensor::quantize_onto(&w, qt, &dev)?;
         let f32_ref = q.dequantize(&dev)?;
         let wants = [
