@@ -10,6 +10,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 
 extern "C" {
+    fn glmcheck_dequant_matmul_type(ggml_type: i32) -> i32;
     fn glmcheck_decode_whole(
         ggml_type: i32,
         dtype: i32,
@@ -20,17 +21,30 @@ extern "C" {
     ) -> i32;
 }
 
-/// ggml's id of the types the kernel decodes.
-fn type_id(t: GgmlDType) -> Option<i32> {
+/// The quant types glmcheck's kernels are built for (the grouped MMQ kernel, the expert decoder),
+/// with ggml's type id and block size.
+pub(crate) fn kernel_type(t: GgmlDType) -> Option<(i32, usize)> {
     Some(match t {
-        GgmlDType::Q4_0 => 2,
-        GgmlDType::Q5_0 => 6,
-        GgmlDType::Q8_0 => 8,
-        GgmlDType::Q4K => 12,
-        GgmlDType::Q5K => 13,
-        GgmlDType::Q6K => 14,
+        GgmlDType::Q4_0 => (2, 32),
+        GgmlDType::Q4_1 => (3, 32),
+        GgmlDType::Q5_0 => (6, 32),
+        GgmlDType::Q5_1 => (7, 32),
+        GgmlDType::Q8_0 => (8, 32),
+        GgmlDType::Q2K => (10, 256),
+        GgmlDType::Q3K => (11, 256),
+        GgmlDType::Q4K => (12, 256),
+        GgmlDType::Q5K => (13, 256),
+        GgmlDType::Q6K => (14, 256),
         _ => return None,
     })
+}
+
+/// ggml's id of a type `cuda/dequant_gemm.cu` decodes (its tiled kernel and [`decode`]): the
+/// kernel file says which (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K).
+pub(crate) fn tiled_type(t: GgmlDType) -> Option<i32> {
+    kernel_type(t)
+        .map(|(id, _)| id)
+        .filter(|&id| unsafe { glmcheck_dequant_matmul_type(id) } == 1)
 }
 
 /// `q` decoded on its CUDA device into `dtype` (f32, f16 or bf16), its shape kept; `None` where the
@@ -43,7 +57,7 @@ pub fn decode(q: &QTensor, dtype: DType) -> Result<Option<Tensor>> {
         DType::BF16 => 2,
         _ => return Ok(None),
     };
-    if type_id(q.dtype()).is_none()
+    if tiled_type(q.dtype()).is_none()
         || elems == 0
         || !elems.is_multiple_of(256)
         || !q.device().is_cuda()
@@ -75,7 +89,7 @@ impl CustomOp1 for Whole<'_> {
     fn cuda_fwd(&self, anchor: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
         let dev = anchor.device();
         let elems = self.q.shape().elem_count();
-        let ty = type_id(self.q.dtype()).unwrap_or(-1);
+        let ty = tiled_type(self.q.dtype()).unwrap_or(-1);
         let stream = dev.cuda_stream();
         let x = self.q.device_ptr()? as *const std::ffi::c_void;
         let s = stream.cu_stream() as *mut std::ffi::c_void;

@@ -17,6 +17,7 @@ use candle_core::{
 };
 
 use super::grouping::Grouping;
+use crate::gguf::cuda_decode::{fill, kernel_type, tiled_type};
 
 const QK8_1: usize = 32;
 /// `block_q8_1_mmq`: 128 quants + 16 bytes of scales.
@@ -55,7 +56,6 @@ extern "C" {
         expert_elems: i64,
         stream: *mut std::ffi::c_void,
     ) -> i32;
-    fn glmcheck_dequant_matmul_type(ggml_type: i32) -> i32;
     fn glmcheck_dequant_matmul(
         ggml_type: i32,
         dtype: i32,
@@ -75,23 +75,6 @@ extern "C" {
     ) -> i32;
 }
 
-/// The quant types the grouped kernel is built for, with ggml's type id and block size.
-fn kernel_type(t: GgmlDType) -> Option<(i32, usize)> {
-    Some(match t {
-        GgmlDType::Q4_0 => (2, 32),
-        GgmlDType::Q4_1 => (3, 32),
-        GgmlDType::Q5_0 => (6, 32),
-        GgmlDType::Q5_1 => (7, 32),
-        GgmlDType::Q8_0 => (8, 32),
-        GgmlDType::Q2K => (10, 256),
-        GgmlDType::Q3K => (11, 256),
-        GgmlDType::Q4K => (12, 256),
-        GgmlDType::Q5K => (13, 256),
-        GgmlDType::Q6K => (14, 256),
-        _ => return None,
-    })
-}
-
 /// Whether an expert stack of this type can be multiplied by the grouped kernel (and decoded by
 /// `cuda/dequant_experts.cu`: the same ten types).
 pub(crate) fn grouped_type(t: GgmlDType) -> bool {
@@ -104,8 +87,7 @@ pub(crate) fn grouped_type(t: GgmlDType) -> bool {
 /// `GLMCHECK_DEQUANT_EXPERTS=batched` turns it off (decode-then-GEMM, to cross-check the two).
 pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
     let shape_ok = matches!(w.shape().dims(), &[_, out, inp] if out.is_multiple_of(64) && inp.is_multiple_of(256));
-    let type_ok = kernel_type(w.dtype())
-        .is_some_and(|(t, _)| unsafe { glmcheck_dequant_matmul_type(t) } == 1);
+    let type_ok = tiled_type(w.dtype()).is_some();
     let off = std::env::var_os("GLMCHECK_DEQUANT_EXPERTS").is_some_and(|v| v == "batched");
     matches!(dtype, DType::BF16 | DType::F16) && shape_ok && type_ok && !off
 }
@@ -448,16 +430,12 @@ impl CustomOp2 for DequantMatmul<'_> {
             DType::BF16 => {
                 let x = xs.as_cuda_slice::<half::bf16>()?.slice(x0..);
                 let (x_ptr, _gx) = x.device_ptr(&stream);
-                crate::gguf::cuda_decode::fill::<half::bf16>(&dev, rows * out, |y| {
-                    launch(2, x_ptr, y)
-                })?
+                fill::<half::bf16>(&dev, rows * out, |y| launch(2, x_ptr, y))?
             }
             DType::F16 => {
                 let x = xs.as_cuda_slice::<half::f16>()?.slice(x0..);
                 let (x_ptr, _gx) = x.device_ptr(&stream);
-                crate::gguf::cuda_decode::fill::<half::f16>(&dev, rows * out, |y| {
-                    launch(1, x_ptr, y)
-                })?
+                fill::<half::f16>(&dev, rows * out, |y| launch(1, x_ptr, y))?
             }
             d => candle_core::bail!("{WHAT}: no kernel for {d:?} activations"),
         };
@@ -632,13 +610,9 @@ fn decode(
         )
     };
     let (rc, storage) = match dtype {
-        DType::F32 => crate::gguf::cuda_decode::fill::<f32>(dev, n * elems, |y| launch(0, y))?,
-        DType::F16 => {
-            crate::gguf::cuda_decode::fill::<half::f16>(dev, n * elems, |y| launch(1, y))?
-        }
-        DType::BF16 => {
-            crate::gguf::cuda_decode::fill::<half::bf16>(dev, n * elems, |y| launch(2, y))?
-        }
+        DType::F32 => fill::<f32>(dev, n * elems, |y| launch(0, y))?,
+        DType::F16 => fill::<half::f16>(dev, n * elems, |y| launch(1, y))?,
+        DType::BF16 => fill::<half::bf16>(dev, n * elems, |y| launch(2, y))?,
         d => candle_core::bail!("{WHAT}: no kernel for {d:?}"),
     };
     if rc != 0 {

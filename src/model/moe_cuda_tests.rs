@@ -1,6 +1,7 @@
 //! The CUDA kernels against candle's own decoders, on the GPU (`cargo test --features cuda` on a
 //! machine with one; skipped without a device). Built here with tools/build-cuda.sh's environment
-//! and `--no-run`, run on the H200 machine by tools/device_moe_grouped.sh.
+//! and `--no-run` (`tools/build-cuda.sh --tests`), run on the H200 machine by
+//! tools/device_tiled_check.sh and tools/device_decode_check.sh.
 
 use super::*;
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -13,10 +14,6 @@ fn rel_l2(a: &Tensor, b: &Tensor) -> Result<f32> {
     Ok((num / den).sqrt())
 }
 
-/// Every type the tiled kernel covers, both tile widths (≤ 16 and ≤ 32 rows per expert), both
-/// input orders (by token: gate/up; grouped rows: down), bf16 and f16: the kernel's output equals
-/// candle's CUDA decode rounded to the compute dtype and multiplied in f32, to the output's
-/// rounding (a swapped nibble, scale or row gives a rel-L2 near 1).
 /// The quant types of `cuda/dequant_gemm.cu` (the tiled kernel and the whole-tensor decoder).
 const TILED_TYPES: [GgmlDType; 6] = [
     GgmlDType::Q4_0,
@@ -27,6 +24,10 @@ const TILED_TYPES: [GgmlDType; 6] = [
     GgmlDType::Q6K,
 ];
 
+/// Every type the tiled kernel covers, both input orders (by token: gate/up; grouped rows: down),
+/// bf16 and f16, 6, 20 and 70 rows per expert (16-wide tiles, and 32-wide past 64 rows): the kernel's output equals candle's CUDA decode rounded
+/// to the compute dtype and multiplied in f32, to the output's rounding (a swapped nibble, scale or
+/// row gives a rel-L2 near 1).
 #[test]
 fn the_tiled_dequant_kernel_equals_candles_decode_then_matmul() -> Result<()> {
     let Ok(dev) = Device::new_cuda(0) else {
@@ -45,8 +46,8 @@ fn the_tiled_dequant_kernel_equals_candles_decode_then_matmul() -> Result<()> {
                 .to_dtype(dtype)?
                 .to_dtype(DType::F32)?
                 .to_device(&Device::Cpu)?;
-            for t in [12usize, 40] {
-                // token i → experts i % e and (i + 1) % e: 6 or 20 rows per expert.
+            for t in [12usize, 40, 140] {
+                // token i → experts i % e and (i + 1) % e: 6, 20 or 70 rows per expert.
                 let ids: Vec<u32> = (0..t)
                     .flat_map(|i| [(i % e) as u32, ((i + 1) % e) as u32])
                     .collect();
@@ -94,7 +95,7 @@ fn the_tiled_dequant_kernel_equals_candles_decode_then_matmul() -> Result<()> {
 
 /// glmcheck's whole-tensor decoder gives candle's decoded values bit for bit: f32 against candle's
 /// f32 decode, f16 against its f16 decode, bf16 against its f32 decode rounded (what
-/// `linear::dequantize` used before). Sizes that end mid-warp (3 groups of 256 past a warp's 4).
+/// `linear::dequantize` used before). A size that ends mid-warp (74 groups of 256: the last warp takes 2 of its 4).
 #[test]
 fn the_whole_tensor_decoder_equals_candles_bit_for_bit() -> Result<()> {
     let Ok(dev) = Device::new_cuda(0) else {
