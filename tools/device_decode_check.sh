@@ -10,13 +10,7 @@
 set -uo pipefail
 bin=$(readlink -f "$1"); tests=$(readlink -f "$2"); out=$3; mkdir -p "$out"; out=$(readlink -f "$out")
 work=${WORK:-/tmp/gpub}; mkdir -p "$work"
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-trap '[ -n "${OUT:-}" ] && tar -C "$(dirname "$out")" -cJf "$OUT/x.tar.xz" "$(basename "$out")"' EXIT
-step() {
-  local name=$1 max=$2; shift 2; local t0; t0=$(date +%s.%N)
-  timeout "$max" "$@" > "$out/$name.json" 2> "$out/$name.log"
-  echo "$name rc=$? $(awk "BEGIN{print $(date +%s.%N) - $t0}") s" >> "$out/rc.txt"
-}
+. "$(dirname "$0")/device_common.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$out/gpu.csv" 2>&1
 step unit 180 "$tests" --test-threads 1 --nocapture moe_cuda
 step synth-q8_0 200 "$bin" synth --dims glm5 --layers 2 --dense 1 --qtype q8_0 --out "$work/q8.gguf" --force --json

@@ -12,14 +12,7 @@
 set -uo pipefail
 bin=$(readlink -f "$1"); tests=$(readlink -f "$2"); out=$3; mkdir -p "$out"; out=$(readlink -f "$out")
 work=${WORK:-/tmp/gpub}; mkdir -p "$work"; model=$work/m.gguf
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-pack() { [ -n "${OUT:-}" ] && tar -C "$(dirname "$out")" -cJf "$OUT/x.tar.xz" "$(basename "$out")"; }
-trap pack EXIT
-step() {
-  local name=$1 max=$2; shift 2; local t0; t0=$(date +%s.%N)
-  timeout "$max" "$@" > "$out/$name.json" 2> "$out/$name.log"
-  local rc=$?; echo "$name rc=$rc $(awk "BEGIN{print $(date +%s.%N) - $t0}") s" >> "$out/rc.txt"
-}
+. "$(dirname "$0")/device_common.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader > "$out/gpu.txt" 2>&1
 echo "${GLMCHECK_COMMIT:-unknown}" > "$out/commit.txt"
 step unit 120 "$tests" --test-threads 1 --nocapture the_tiled_dequant_kernel
