@@ -2,7 +2,8 @@
 //! llama.cpp's MMQ tiles, as vendored in candle-kernels) and `cuda/dequant_experts.cu` (the active
 //! experts of a stack decoded in one launch by candle-kernels' own dequantize kernels) and
 //! `cuda/dequant_gemm.cu` (dequant mode's tiled kernel: blocks decoded in shared memory and
-//! multiplied there) with nvcc into a static library.
+//! multiplied there) and `cuda/q8_moe.cu` (q8 mode's experts on int8 tensor cores, fragments built
+//! from the raw blocks) with nvcc into a static library.
 //! Without the feature this does nothing: CI and the README's commands never need nvcc.
 //!
 //! Environment: `CUDA_COMPUTE_CAP` (default 90), nvcc from `$CUDA_HOME/bin` or `PATH`, and
@@ -18,6 +19,7 @@ fn main() {
     println!("cargo::rerun-if-changed=cuda/moe_mmq.cu");
     println!("cargo::rerun-if-changed=cuda/dequant_experts.cu");
     println!("cargo::rerun-if-changed=cuda/dequant_gemm.cu");
+    println!("cargo::rerun-if-changed=cuda/q8_moe.cu");
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo::rerun-if-env-changed=GLMCHECK_MMQ_INCLUDE");
     if env::var_os("CARGO_FEATURE_CUDA").is_none() {
@@ -43,6 +45,7 @@ fn build_moe_kernel() -> Result<(), String> {
         ("cuda/moe_mmq.cu", &include),
         ("cuda/dequant_experts.cu", &kernels_src),
         ("cuda/dequant_gemm.cu", &kernels_src),
+        ("cuda/q8_moe.cu", &kernels_src),
     ];
     let mut jobs = Vec::new();
     for (src, inc) in sources {

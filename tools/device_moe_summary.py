@@ -5,7 +5,8 @@ Usage: tools/device_moe_summary.py [--append] OUT_STEM LABEL=DIR [LABEL=DIR ...]
 Each DIR holds q8-N[-VARIANT].json (--bench --profile; VARIANT: an environment of VARIANTS),
 dequant-N.json, q8_0-q8-*.json, q8check[-VARIANT]*/ and fixture/ as the script writes them, or
 tools/device_tiled_check.sh's q8-N.json, batched-N.json (dequant, decode-then-GEMM experts) and
-tiled-N.json (dequant, the tiled kernel); LABEL
+tiled-N.json (dequant, the tiled kernel), or tools/device_q8_int8_check.sh's q8-N.json (q8, the int8
+expert kernel where it applies), mmq-N.json (q8, llama.cpp's MMQ experts) and int8-vs-mmq-N.json; LABEL
 names the build (a commit or a described variant). --append keeps the runs already in
 OUT_STEM.json; the markdown's hand-written "## Reading these runs" section is kept.
 """
@@ -41,6 +42,18 @@ def check(d, sub, name):
             "excluded": [len(e["positions"]) for e in (j.get("comparison") or {}).get("exclusions", [])]}
 
 
+def same_file(d, n):
+    """int8-vs-mmq-N.json: the int8 q8 forward against the MMQ q8 forward's dump, worst module."""
+    j = load(d / f"int8-vs-mmq-{n}.json")
+    if not j:
+        return None
+    mods = [m for m in j.get("modules") or [] if m.get("rel_l2") is not None]
+    worst = max(mods, key=lambda m: m["rel_l2"], default=None)
+    lg = j.get("logits") or {}
+    return {"verdict": j.get("verdict"), "worst": worst and worst["name"],
+            "worst_rel_l2": worst and worst["rel_l2"], "kl_max": lg.get("kl_max")}
+
+
 def variants(d, prefix):
     """The variant suffixes of DIR's `{prefix}-16[-V].json` files ("" for the plain name)."""
     out = []
@@ -71,6 +84,8 @@ def main():
                 "q4_k_m_dequant": {n: (bench(d, f"dequant-{n}") or bench(d, f"batched-{n}")) if once else None
                                    for n in (16, 256)},
                 "q4_k_m_dequant_tiled": {n: bench(d, f"tiled-{n}") if once else None for n in (16, 256)},
+                "q4_k_m_mmq": {n: bench(d, f"mmq-{n}") if once else None for n in (16, 256)},
+                "int8_vs_mmq": {n: same_file(d, n) if once else None for n in (16, 256)},
                 "q8_0": {n: bench(d, f"q8_0-q8-{n}") if once else None for n in (16, 256)},
                 "q8_vs_dequant": {f"{m}-{dt}": check(d, s, f"q8-vs-dequant-{dt}")
                                   for m, s in (("q4_k_m", sub), ("q8_0", "q8check-q8_0"))
@@ -81,7 +96,8 @@ def main():
     lines = ["| build | model, mode | tokens | best ms | median ms | experts ms (profiled) |", "|---|---|---|---|---|---|"]
     for r in runs:
         for m, name in (("q4_k_m", "q4_k_m q8"), ("q4_k_m_dequant", "q4_k_m dequant"),
-                        ("q4_k_m_dequant_tiled", "q4_k_m dequant, tiled experts"), ("q8_0", "q8_0 q8")):
+                        ("q4_k_m_dequant_tiled", "q4_k_m dequant, tiled experts"),
+                        ("q4_k_m_mmq", "q4_k_m q8, MMQ experts"), ("q8_0", "q8_0 q8")):
             for n, b in (r.get(m) or {}).items():
                 if b:
                     lines.append(f"| {r['label']} | {name} | {n} | {f(b['best_ms'])} | {f(b['median_ms'])} | {f(b['experts_profiled_ms'])} |")
@@ -90,6 +106,11 @@ def main():
         for k, c in (r.get("q8_vs_dequant") or {}).items():
             if c:
                 lines.append(f"| {r['label']} | {k} | {c['verdict']} | {f(c['kl_mean'], 4)} | {f(c['kl_max'], 4)} | {c['top1']}/{c['positions']} | {c['excluded']} |")
+    lines += ["", "| build | int8 q8 vs MMQ q8, tokens | verdict | worst module | its rel-L2 | logits KL max |", "|---|---|---|---|---|---|"]
+    for r in runs:
+        for n, c in (r.get("int8_vs_mmq") or {}).items():
+            if c:
+                lines.append(f"| {r['label']} | {n} | {c['verdict']} | {c['worst']} | {f(c['worst_rel_l2'] or 0, 7)} | {f(c['kl_max'], 7)} |")
     gpu = next((r["gpu"] for r in runs if r["gpu"]), "unknown GPU")
     head = [
         "# glmcheck's grouped MoE kernels on the GPU (`--matmul q8` and `--matmul dequant`)", "",
@@ -101,6 +122,8 @@ def main():
         "--max-new-tokens 0 --bench 5 [--profile]`, tokens 1000..1000+N-1; best and median of 5, load excluded. "
         "A build label's [variant] is the environment of that row (`VARIANTS` of the device script). "
         "experts ms: the `mlp.experts` modules of one `--profile` pass (device synchronized per module).", "",
+        "q4_k_m q8 is glmcheck's int8 expert kernel (`cuda/q8_moe.cu`) in builds that have it, llama.cpp's MMQ "
+        "(`cuda/moe_mmq.cu`) before; \"MMQ experts\" rows are the same build with `GLMCHECK_Q8_EXPERTS=mmq`.", "",
         "q8 vs dequant: `tools/device_q8_check.sh` (the q8 forward against the `--matmul dequant` dump of the same file, "
         "16 tokens), judged at other-engine bounds.", "",
     ]

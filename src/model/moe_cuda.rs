@@ -45,6 +45,25 @@ extern "C" {
         warp_size: i32,
         stream: *mut std::ffi::c_void,
     ) -> i32;
+    fn glmcheck_q8_moe(
+        ggml_type: i32,
+        tn: i32,
+        w: *const std::ffi::c_void,
+        expert_bytes: i64,
+        row_bytes: i64,
+        y: *const std::ffi::c_void,
+        ncols_y: i32,
+        ids_dst: *const i32,
+        bounds: *const i32,
+        experts: *const i32,
+        dst: *mut f32,
+        n_out: i32,
+        k_in: i32,
+        n_active: i32,
+        max_cols: i32,
+        stream: *mut std::ffi::c_void,
+    ) -> i32;
+    fn glmcheck_q8_moe_type(ggml_type: i32) -> i32;
     fn glmcheck_dequant_experts(
         ggml_type: i32,
         dst_dtype: i32,
@@ -79,6 +98,34 @@ extern "C" {
 /// `cuda/dequant_experts.cu`: the same ten types).
 pub(crate) fn grouped_type(t: GgmlDType) -> bool {
     kernel_type(t).is_some()
+}
+
+/// Which kernel multiplies q8 mode's experts: glmcheck's int8 tensor-core kernel
+/// (`cuda/q8_moe.cu`: Q4_K, Q6_K and Q8_0 stacks with `out` a multiple of 64) where it applies, or
+/// llama.cpp's MMQ (`cuda/moe_mmq.cu`, every other type; all of them with
+/// `GLMCHECK_Q8_EXPERTS=mmq`, to cross-check the two).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Q8Kernel {
+    Int8,
+    Mmq,
+}
+
+impl Q8Kernel {
+    fn from_env() -> Self {
+        match std::env::var_os("GLMCHECK_Q8_EXPERTS") {
+            Some(v) if v == "mmq" => Q8Kernel::Mmq,
+            _ => Q8Kernel::Int8,
+        }
+    }
+
+    /// The ggml type id the int8 kernel takes for this `[E, out, in]` stack, if it does.
+    fn int8_type(self, w: &QTensor) -> Option<i32> {
+        let shape_ok = matches!(w.shape().dims(), &[_, out, _] if out.is_multiple_of(64));
+        kernel_type(w.dtype())
+            .map(|(id, _)| id)
+            .filter(|_| self == Q8Kernel::Int8 && shape_ok)
+            .filter(|&id| unsafe { glmcheck_q8_moe_type(id) } == 1)
+    }
 }
 
 /// Whether dequant mode's tiled kernel (`cuda/dequant_gemm.cu`: blocks decoded into shared memory
@@ -121,10 +168,22 @@ impl Grouping {
     /// row j, expert `experts(j)` times `x[tokens[j]]` (`by_token`) or `x[slots[j]]`, written to
     /// output row `slots[j]`. → f32 `[T·k, out]`.
     pub fn matmul(&self, w: &QTensor, x: &Tensor, by_token: bool) -> Result<Tensor> {
+        self.matmul_with(w, x, by_token, Q8Kernel::from_env())
+    }
+
+    /// [`Grouping::matmul`] by the given kernel.
+    pub(crate) fn matmul_with(
+        &self,
+        w: &QTensor,
+        x: &Tensor,
+        by_token: bool,
+        kernel: Q8Kernel,
+    ) -> Result<Tensor> {
         let op = GroupedMatmul {
             w,
             g: self,
             by_token,
+            kernel,
         };
         x.contiguous()?.apply_op2_no_bwd(&self.table, &op)
     }
@@ -147,6 +206,7 @@ struct GroupedMatmul<'a> {
     w: &'a QTensor,
     g: &'a Grouping,
     by_token: bool,
+    kernel: Q8Kernel,
 }
 
 /// The Q8_1 activation quantizers candle-kernels exports (one per scale layout).
@@ -206,6 +266,89 @@ fn too_big(what: &str) -> candle_core::Error {
     ))
 }
 
+/// The device pointers and sizes of one grouped launch (see `glmcheck_moe_mmq` and
+/// `glmcheck_q8_moe`): weights, Q8_1 activations, the grouping table's slots/bounds/experts, f32
+/// output `[rows, out]`; `stride_expert` in blocks.
+struct Launch {
+    w: *const std::ffi::c_void,
+    q8: *const std::ffi::c_void,
+    slots: *const i32,
+    bounds: *const i32,
+    experts: *const i32,
+    dst: *mut f32,
+    out: i32,
+    inp: usize,
+    rows: usize,
+    active: usize,
+    max_rows: usize,
+    tile: usize,
+    stride_expert: usize,
+    /// (compute capability, warp size)
+    device: (i32, i32),
+    stream: *mut std::ffi::c_void,
+}
+
+impl GroupedMatmul<'_> {
+    /// The grouped product by the int8 kernel where it applies, llama.cpp's MMQ elsewhere.
+    fn multiply(&self, l: &Launch) -> Result<()> {
+        let (ggml_type, qk) = kernel_type(self.w.dtype()).unwrap_or((-1, 1));
+        let int8 = self.kernel.int8_type(self.w);
+        let block_bytes = self.w.dtype().type_size();
+        let rc = unsafe {
+            match int8 {
+                // Tiles of 8, 16 or 32 tokens (the MMQ choice, capped: wider ones hold too many
+                // accumulators).
+                Some(id) => glmcheck_q8_moe(
+                    id,
+                    l.tile.min(32) as i32,
+                    l.w,
+                    (l.stride_expert * block_bytes) as i64,
+                    (l.inp / qk * block_bytes) as i64,
+                    l.q8,
+                    l.rows as i32,
+                    l.slots,
+                    l.bounds,
+                    l.experts,
+                    l.dst,
+                    l.out,
+                    l.inp as i32,
+                    l.active as i32,
+                    l.max_rows as i32,
+                    l.stream,
+                ),
+                None => glmcheck_moe_mmq(
+                    ggml_type,
+                    l.tile as i32,
+                    l.w,
+                    l.q8,
+                    l.slots,
+                    l.bounds,
+                    l.experts,
+                    l.dst,
+                    l.inp as i32,
+                    l.out,
+                    (l.inp / qk) as i32,
+                    l.rows as i32,
+                    l.stride_expert as i32,
+                    l.active as i32,
+                    l.max_rows as i32,
+                    l.device.0,
+                    l.device.1,
+                    l.stream,
+                ),
+            }
+        };
+        if rc != 0 {
+            let which = if int8.is_some() { "int8" } else { "MMQ" };
+            candle_core::bail!(
+                "grouped MoE matmul: {which} launcher refused (code {rc}, tile {})",
+                l.tile
+            )
+        }
+        Ok(())
+    }
+}
+
 impl CustomOp2 for GroupedMatmul<'_> {
     fn name(&self) -> &'static str {
         "glmcheck-grouped-moe-mmq"
@@ -234,7 +377,7 @@ impl CustomOp2 for GroupedMatmul<'_> {
                 self.w.shape()
             )
         };
-        let Some((ggml_type, qk)) = kernel_type(self.w.dtype()) else {
+        let Some((_, qk)) = kernel_type(self.w.dtype()) else {
             candle_core::bail!("grouped MoE matmul: no kernel for {:?}", self.w.dtype())
         };
         let (&[_, x_in], Some((x0, _)), Some((t0, _))) = (
@@ -285,13 +428,12 @@ impl CustomOp2 for GroupedMatmul<'_> {
         let q8_bytes = (rows * (padded / 128) + 128) * BLOCK_Q8_1_MMQ_BYTES;
         let q8 = unsafe { dev.alloc::<u8>(q8_bytes)? };
         let (q8_ptr, _gq) = q8.device_ptr(&stream);
-        let mmq_x = g.tile_width();
         let dst = unsafe { dev.alloc::<f32>(rows * out)? };
         let (dst_ptr, _gd) = dst.device_ptr(&stream);
         let w_ptr = self.w.device_ptr()?;
 
         let quantize = quantizer(self.w.dtype());
-        let rc = unsafe {
+        unsafe {
             quantize(
                 x_ptr as *const std::ffi::c_void,
                 if self.by_token { tokens } else { slots },
@@ -307,30 +449,24 @@ impl CustomOp2 for GroupedMatmul<'_> {
                 1,
                 stream_ptr,
             );
-            glmcheck_moe_mmq(
-                ggml_type,
-                mmq_x as i32,
-                w_ptr as *const std::ffi::c_void,
-                q8_ptr as *const std::ffi::c_void,
-                slots,
-                bounds,
-                experts,
-                dst_ptr as *mut f32,
-                inp as i32,
-                i32_of(out, "the output width")?,
-                (inp / qk) as i32,
-                rows as i32,
-                stride_expert as i32,
-                active as i32,
-                g.max_rows() as i32,
-                cc,
-                warp,
-                stream_ptr,
-            )
-        };
-        if rc != 0 {
-            candle_core::bail!("grouped MoE matmul: launcher refused (code {rc}, mmq_x {mmq_x})")
         }
+        self.multiply(&Launch {
+            w: w_ptr as *const std::ffi::c_void,
+            q8: q8_ptr as *const std::ffi::c_void,
+            slots,
+            bounds,
+            experts,
+            dst: dst_ptr as *mut f32,
+            out: i32_of(out, "the output width")?,
+            inp,
+            rows,
+            active,
+            max_rows: g.max_rows(),
+            tile: g.tile_width(),
+            stride_expert,
+            device: (cc, warp),
+            stream: stream_ptr,
+        })?;
         drop((_gd, _gq, _gx, _gt));
         Ok((CudaStorage::wrap_cuda_slice(dst, dev), (rows, out).into()))
     }
