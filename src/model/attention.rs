@@ -134,8 +134,8 @@ impl Mla {
         let k_pass = self.kv_a_norm.forward(&kv_pass)?; // [T, kv_lora]
         emit(capture, &p.kv_a_norm, &k_pass)?;
 
-        let q_rot = rope.apply_as(self.rope_layout, &q_rot, &tables.cos, &tables.sin)?; // [H, T, rope]
-        let k_rot = rope.apply_as(self.rope_layout, &k_rot, &tables.cos, &tables.sin)?; // [1, T, rope]
+        let q_rot = rope.rotate(self.rope_layout, &q_rot, tables, false)?; // [H, T, rope]
+        let k_rot = rope.rotate(self.rope_layout, &k_rot, tables, false)?; // [1, T, rope]
         let query = Tensor::cat(&[&q_pass, &q_rot], 2)?; // [H, T, qk]
 
         let kv = self.kv_b.forward(&k_pass)?; // [T, H·(nope+v)]

@@ -109,10 +109,9 @@ impl Indexer {
         let k_rot = k.narrow(1, 0, self.rope_dim)?;
         let k_pass = k.narrow(1, self.rope_dim, pass)?;
 
-        // cos/sin [T, d/2]: the head dim of q is unsqueezed in (transformers' unsqueeze_dim=2).
-        let (cos, sin) = (tables.cos.unsqueeze(1)?, tables.sin.unsqueeze(1)?);
-        let q_rot = rope.apply_as(self.rope_layout, &q_rot, &cos, &sin)?;
-        let k_rot = rope.apply_as(self.rope_layout, &k_rot, &tables.cos, &tables.sin)?;
+        // Tokens on axis 0 of both (transformers unsqueezes q's head dim into cos/sin).
+        let q_rot = rope.rotate(self.rope_layout, &q_rot, tables, true)?;
+        let k_rot = rope.rotate(self.rope_layout, &k_rot, tables, true)?;
         let q = Tensor::cat(&[&q_rot, &q_pass], 2)?; // [T, nI, dI]
         let k = Tensor::cat(&[&k_rot, &k_pass], 1)?; // [T, dI]
         emit(capture, &sub(&p.module, conv::IDX_Q), &q)?;

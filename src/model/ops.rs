@@ -149,41 +149,52 @@ impl Rope {
         })
     }
 
-    /// Rotates `x` `[…, d]`; `cos`/`sin` are `[…, d/2]`, broadcastable to `x` without its last dim
-    /// halved (callers unsqueeze the head dim where needed). Tables are cast to `x`'s dtype first,
-    /// as transformers does.
-    pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-        self.apply_as(self.layout, x, cos, sin)
-    }
-
-    /// [`Rope::apply`] in `layout` whatever this rope's own (a module that rotates otherwise).
-    pub fn apply_as(
+    /// Rotates `x` in `layout`: `[H, T, d]` (tokens on axis 1, `tokens_first` false: MLA's query
+    /// heads, or its one shared key `[1, T, d]`) or `[T, …, d]` (tokens on axis 0: the indexer's
+    /// `[T, nI, d]` query and `[T, d]` key). The output is de-interleaved as transformers returns
+    /// it: `[x_even·cos − x_odd·sin | x_odd·cos + x_even·sin]` (Interleaved; HalfSplit pairs
+    /// `x_i, x_{i+d/2}`). The tables are cast to `x`'s dtype first, as transformers does.
+    ///
+    /// One candle kernel (candle-nn's half-split `rope`) after one de-interleaving copy, instead of
+    /// ten op-by-op launches: the same per-op roundings in `x`'s dtype (each product, then the
+    /// difference or sum, rounded), so bit for bit the op-by-op result on the CPU (tested) and in
+    /// bf16/f16 on CUDA; in f32 nvcc may fuse a product into the sum (an ulp).
+    pub fn rotate(
         &self,
         layout: RopeLayout,
         x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
+        tables: &RopeTables,
+        tokens_first: bool,
     ) -> Result<Tensor> {
-        let cos = cos.to_dtype(x.dtype())?;
-        let sin = sin.to_dtype(x.dtype())?;
-        let last = x.rank() - 1;
-        let half = self.dim / 2;
-        let (x1, x2) = match layout {
+        let dims = x.dims().to_vec();
+        let (d, half) = (self.dim, self.dim / 2);
+        let t = tables.cos.dim(0)?;
+        let cos = tables.cos.to_dtype(x.dtype())?;
+        let sin = tables.sin.to_dtype(x.dtype())?;
+        let x = match layout {
             RopeLayout::Interleaved => {
-                let mut shape = x.dims().to_vec();
-                shape[last] = half;
-                shape.push(2);
-                let pairs = x.reshape(shape)?; // [..., d/2, 2]
-                (
-                    pairs.narrow(last + 1, 0, 1)?.squeeze(last + 1)?,
-                    pairs.narrow(last + 1, 1, 1)?.squeeze(last + 1)?,
-                )
+                let last = dims.len() - 1;
+                let mut pairs = dims[..last].to_vec();
+                pairs.extend([half, 2]);
+                x.reshape(pairs)?
+                    .transpose(last, last + 1)?
+                    .contiguous()?
+                    .reshape(dims.as_slice())?
             }
-            RopeLayout::HalfSplit => (x.narrow(last, 0, half)?, x.narrow(last, half, half)?),
+            RopeLayout::HalfSplit => x.contiguous()?,
         };
-        let r1 = (x1.broadcast_mul(&cos)? - x2.broadcast_mul(&sin)?)?;
-        let r2 = (x2.broadcast_mul(&cos)? + x1.broadcast_mul(&sin)?)?;
-        Tensor::cat(&[&r1, &r2], last)
+        let heads = x.elem_count() / (t * d).max(1);
+        let y = if tokens_first {
+            // [T, heads, 1, d] with one table row per batch entry (token).
+            candle_nn::rotary_emb::rope(
+                &x.reshape((t, heads, 1, d))?,
+                &cos.reshape((t, 1, half))?,
+                &sin.reshape((t, 1, half))?,
+            )?
+        } else {
+            candle_nn::rotary_emb::rope(&x.reshape((1, heads, t, d))?, &cos, &sin)?
+        };
+        y.reshape(dims)
     }
 }
 
@@ -243,4 +254,76 @@ pub fn one_hot_rows(ids: &Tensor, n: usize) -> Result<Tensor> {
     let zeros = Tensor::zeros((r, n), DType::U8, ids.device())?;
     let ones = Tensor::ones((r, k), DType::U8, ids.device())?;
     zeros.scatter(ids, &ones, 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// transformers' op-by-op rotation (`q·cos + rotate_half(q)·sin` on the de-interleaved pairs),
+    /// each op rounded to `x`'s dtype: the oracle of [`Rope::rotate`]. `cos`/`sin` broadcast to
+    /// `x` without its last dim halved.
+    fn op_by_op(layout: RopeLayout, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        let (cos, sin) = (cos.to_dtype(x.dtype())?, sin.to_dtype(x.dtype())?);
+        let last = x.rank() - 1;
+        let half = x.dim(last)? / 2;
+        let (x1, x2) = match layout {
+            RopeLayout::Interleaved => {
+                let mut shape = x.dims().to_vec();
+                shape[last] = half;
+                shape.push(2);
+                let pairs = x.reshape(shape)?;
+                (
+                    pairs.narrow(last + 1, 0, 1)?.squeeze(last + 1)?,
+                    pairs.narrow(last + 1, 1, 1)?.squeeze(last + 1)?,
+                )
+            }
+            RopeLayout::HalfSplit => (x.narrow(last, 0, half)?, x.narrow(last, half, half)?),
+        };
+        let r1 = (x1.broadcast_mul(&cos)? - x2.broadcast_mul(&sin)?)?;
+        let r2 = (x2.broadcast_mul(&cos)? + x1.broadcast_mul(&sin)?)?;
+        Tensor::cat(&[&r1, &r2], last)
+    }
+
+    /// The fused rotation equals the op-by-op one bit for bit on the CPU, for both layouts, both
+    /// token axes (MLA's `[H, T, d]`, the indexer's `[T, nI, d]` and `[T, d]`), f32 and bf16; a
+    /// swapped pair or table row would differ in most values.
+    #[test]
+    fn the_fused_rotation_is_the_op_by_op_one() -> Result<()> {
+        let dev = Device::Cpu;
+        let (t, h, d) = (7usize, 3usize, 16usize);
+        for layout in [RopeLayout::Interleaved, RopeLayout::HalfSplit] {
+            let rope = Rope::new(d, 10000.0, layout, &dev)?;
+            let tables = rope.tables(t)?;
+            let (cos, sin) = (&tables.cos, &tables.sin);
+            for dtype in [DType::F32, DType::BF16] {
+                let heads_first = Tensor::randn(0f32, 1.0, (h, t, d), &dev)?.to_dtype(dtype)?;
+                let tokens_first = Tensor::randn(0f32, 1.0, (t, h, d), &dev)?.to_dtype(dtype)?;
+                let keys = Tensor::randn(0f32, 1.0, (t, d), &dev)?.to_dtype(dtype)?;
+                let cases = [
+                    (&heads_first, false, cos.clone(), sin.clone()),
+                    (&tokens_first, true, cos.unsqueeze(1)?, sin.unsqueeze(1)?),
+                    (&keys, true, cos.clone(), sin.clone()),
+                ];
+                for (x, first, c, s) in cases {
+                    let got = rope
+                        .rotate(layout, x, &tables, first)?
+                        .to_dtype(DType::F32)?;
+                    let want = op_by_op(layout, x, &c, &s)?.to_dtype(DType::F32)?;
+                    let (g, w) = (
+                        got.flatten_all()?.to_vec1::<f32>()?,
+                        want.flatten_all()?.to_vec1::<f32>()?,
+                    );
+                    let differ = g.iter().zip(&w).filter(|(a, b)| a.to_bits() != b.to_bits());
+                    assert_eq!(
+                        differ.count(),
+                        0,
+                        "{layout:?} {dtype:?} {:?} tokens_first={first}",
+                        x.dims()
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
 }
