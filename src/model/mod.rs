@@ -491,7 +491,12 @@ impl Glm5 {
             parallel::embed(&embeds, self.per_rank_vocab, tokens, &ids).map_err(at(&p.embed))?; // [T, hidden]
         capture::emit(capture, &p.embed, &x).map_err(at(&p.embed))?;
 
-        let tables = self.rope.tables(t).map_err(at(&p.rotary))?;
+        // Cast once to the compute dtype (each rotation would cast them again: two launches).
+        let tables = self
+            .rope
+            .tables(t)
+            .and_then(|tb| tb.to_dtype(dtype))
+            .map_err(at(&p.rotary))?;
         // transformers' rotary_emb returns cat(freqs, freqs).cos() / .sin(), [T, rope].
         capture::emit_with(capture, &p.rotary, || {
             Tensor::cat(&[&tables.cos, &tables.cos], 1)?.to_dtype(dtype)

@@ -115,11 +115,21 @@ pub struct Rope {
     pub layout: RopeLayout,
 }
 
-/// cos/sin of one forward, `[T, d/2]` f32 each (the per-pair angles).
+/// cos/sin of one forward, `[T, d/2]` each (the per-pair angles), computed in f32.
 #[derive(Debug, Clone)]
 pub struct RopeTables {
     pub cos: Tensor,
     pub sin: Tensor,
+}
+
+impl RopeTables {
+    /// Both tables cast to `dtype` (transformers' rotary_emb returns them in the input's dtype).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Self> {
+        Ok(RopeTables {
+            cos: self.cos.to_dtype(dtype)?,
+            sin: self.sin.to_dtype(dtype)?,
+        })
+    }
 }
 
 impl Rope {
