@@ -20,6 +20,7 @@ fn main() {
     println!("cargo::rerun-if-changed=cuda/dequant_experts.cu");
     println!("cargo::rerun-if-changed=cuda/dequant_gemm.cu");
     println!("cargo::rerun-if-changed=cuda/q8_moe.cu");
+    println!("cargo::rerun-if-changed=cuda/gguf_blocks.cuh");
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo::rerun-if-env-changed=GLMCHECK_MMQ_INCLUDE");
     if env::var_os("CARGO_FEATURE_CUDA").is_none() {

@@ -25,6 +25,8 @@
 #include <mma.h>
 #include <stdint.h>
 
+#include "gguf_blocks.cuh"
+
 using namespace nvcuda;
 
 namespace {
@@ -37,41 +39,13 @@ constexpr int LDH = KH + 8;     // row pitch of the decoded weight tiles
 constexpr int THREADS = 128;    // 4 warps, 16 weight rows each
 constexpr int LDC = BM + 4;     // pitch of the f32 output staging (a multiple of 4, WMMA)
 
-// ggml's type ids and the bytes of 256 values.
-enum : int { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
-
-__host__ __device__ constexpr int bytes_256(int t) {
-    return t == Q4_0 ? 8 * 18 : t == Q5_0 ? 8 * 22 : t == Q8_0 ? 8 * 34
-         : t == Q4_K ? 144 : t == Q5_K ? 176 : t == Q6_K ? 210 : 0;
-}
-
 // One row's raw bytes in shared memory: the step's blocks from a 16-byte boundary (up to 15 bytes
 // of misalignment in front), rounded up to 16, plus 16 bytes the word reader may touch past the end.
 __host__ __device__ constexpr int slot_bytes(int t) { return (bytes_256(t) + 15 + 15) / 16 * 16 + 16; }
 
-__device__ __forceinline__ float h2f(const uint8_t * p) {
-    return __half2float(__ushort_as_half((unsigned short) (p[0] | (p[1] << 8))));
-}
-
-// Four bytes from any address in shared memory (little-endian): two aligned words, one funnel shift.
-__device__ __forceinline__ uint32_t word(const uint8_t * p) {
-    const uintptr_t a = (uintptr_t) p;
-    const uint32_t * q = (const uint32_t *) (a & ~(uintptr_t) 3);
-    return __funnelshift_r(q[0], q[1], (unsigned) (a & 3) * 8);
-}
-
 // An integer 0 <= v < 2^23 as a float, exactly (no int-to-float conversion unit): the bits of
 // 2^23 + v minus 2^23.
 __device__ __forceinline__ float ufloat(uint32_t v) { return __uint_as_float(0x4B000000u | v) - 8388608.0f; }
-
-__device__ __forceinline__ void scale_min_k4(int j, const uint8_t * q, uint8_t & d, uint8_t & m) {
-    if (j < 4) {
-        d = q[j] & 63; m = q[j + 4] & 63;
-    } else {
-        d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
-    }
-}
 
 // Sub-block s (0..7, values 32s..32s+31) of the 256 values at `b` into v. Each line matches the
 // expression candle-kernels' dequantize_block_* evaluates for that value (the float conversions of
@@ -119,7 +93,7 @@ __device__ __forceinline__ void decode32(const uint8_t * b, int s, float (&v)[32
         }
     } else if constexpr (T == Q4_K || T == Q5_K) {
         const float dall = h2f(b), dmin = h2f(b + 2);
-        uint8_t sc, m;
+        int sc, m;
         scale_min_k4(s, b + 4, sc, m);
         const float d1 = dall * sc, m1 = dmin * m;
         const int pair = s / 2, shift = 4 * (s & 1);

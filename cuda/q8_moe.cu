@@ -29,6 +29,8 @@
 #include <cuda_pipeline.h>
 #include <stdint.h>
 
+#include "gguf_blocks.cuh"
+
 namespace {
 
 constexpr int BM = 64;          // weight rows per block
@@ -36,13 +38,6 @@ constexpr int KS = 256;         // k per step
 constexpr int THREADS = 128;    // 4 warps, 16 weight rows each
 constexpr int Q8B = 144;        // sizeof(block_q8_1_mmq): 16 bytes of scales, then 128 int8 values
 constexpr int XP = 2 * Q8B + 16; // one token's two activation blocks of a step (76 words: conflict-free)
-
-// ggml's type ids.
-enum : int { Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
-
-__host__ __device__ constexpr int bytes_256(int t) {
-    return t == Q8_0 ? 8 * 34 : t == Q4_K ? 144 : t == Q6_K ? 210 : 0;
-}
 
 // 16-byte copies per row and step: from the 16-byte boundary below the step's first byte.
 __host__ __device__ constexpr int chunks(int t) { return (bytes_256(t) + 15 + 15) / 16; }
@@ -57,31 +52,11 @@ __host__ __device__ constexpr int pitch(int t) {
     return w * 4;
 }
 
-__device__ __forceinline__ float h2f(const uint8_t * p) {
-    return __half2float(__ushort_as_half((unsigned short) (p[0] | (p[1] << 8))));
-}
-
-// Four bytes from any address in shared memory (little-endian): two aligned words, one funnel shift.
-__device__ __forceinline__ uint32_t word(const uint8_t * p) {
-    const uintptr_t a = (uintptr_t) p;
-    const uint32_t * q = (const uint32_t *) (a & ~(uintptr_t) 3);
-    return __funnelshift_r(q[0], q[1], (unsigned) (a & 3) * 8);
-}
-
 template <bool ALIGNED> __device__ __forceinline__ uint32_t ld(const uint8_t * p) {
     if constexpr (ALIGNED) {
         return *(const uint32_t *) p;
     } else {
         return word(p);
-    }
-}
-
-__device__ __forceinline__ void scale_min_k4(int j, const uint8_t * q, int & d, int & m) {
-    if (j < 4) {
-        d = q[j] & 63; m = q[j + 4] & 63;
-    } else {
-        d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
     }
 }
 

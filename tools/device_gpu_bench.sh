@@ -142,7 +142,7 @@ mkdir -p "$work/llama" && tar -xJf "$peers/llama.cpp.tar.xz" -C "$work/llama" \\
  && cmake -S "$src" -B "$b" $gen -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=${GPU_BENCH_LLAMA_CUDA:-ON} -DCMAKE_CUDA_ARCHITECTURES=90 \\
       -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \\
       -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DGGML_CCACHE=OFF \\
- && cmake --build "$b" --target llama-bench -j 16
+ && cmake --build "$b" --target llama-bench llama-quantize -j 16
 echo "llama-build rc=\$?" >> "$out/times.txt"
 s llama-build-end
 EOS

@@ -11,8 +11,6 @@ set -uo pipefail
 bin=$(readlink -f "$1"); out=$2; mkdir -p "$out"; out=$(readlink -f "$out")
 work=${WORK:-/tmp/gpub}; mkdir -p "$work"; model=$work/m.gguf
 . "$(dirname "$0")/device_common.sh"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader > "$out/gpu.txt" 2>&1
-echo "${GLMCHECK_COMMIT:-unknown}" > "$out/commit.txt"
 [ -f "$model" ] || step synth 220 "$bin" synth --dims glm5 --layers 3 --qtype q4_k_m --out "$model" --force --json
 # VARIANTS: "name[:VAR=value[,VAR=value]]" environments to time (default: one, as built), e.g.
 # "auto mmq:GLMCHECK_MOE_KERNEL=mmq mmvq:GLMCHECK_MOE_KERNEL=mmvq".

@@ -12,8 +12,6 @@ set -uo pipefail
 bin=$(readlink -f "$1"); tests=$(readlink -f "$2"); out=$3; mkdir -p "$out"; out=$(readlink -f "$out")
 work=${WORK:-/tmp/gpub}; mkdir -p "$work"; model=$work/m.gguf
 . "$(dirname "$0")/device_common.sh"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader > "$out/gpu.txt" 2>&1
-echo "${GLMCHECK_COMMIT:-unknown}" > "$out/commit.txt"
 step unit 120 "$tests" --test-threads 1 --nocapture the_int8_expert_kernel
 [ -f "$model" ] || step synth 220 "$bin" synth --dims glm5 --layers 3 --qtype q4_k_m --out "$model" --force --json
 d=$work/dumps; mkdir -p "$d"

@@ -1,0 +1,38 @@
+// GGUF block helpers shared by cuda/dequant_gemm.cu and cuda/q8_moe.cu: ggml's type ids, the bytes
+// of 256 values of each, and readers of the raw blocks staged in shared memory.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+// ggml's type ids (the types glmcheck's own kernels decode).
+enum : int { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+
+// The bytes of 256 values of type `t` (0 for a type not listed).
+__host__ __device__ constexpr int bytes_256(int t) {
+    return t == Q4_0 ? 8 * 18 : t == Q5_0 ? 8 * 22 : t == Q8_0 ? 8 * 34
+         : t == Q4_K ? 144 : t == Q5_K ? 176 : t == Q6_K ? 210 : 0;
+}
+
+// A little-endian half at any byte address, as a float.
+__device__ __forceinline__ float h2f(const uint8_t * p) {
+    return __half2float(__ushort_as_half((unsigned short) (p[0] | (p[1] << 8))));
+}
+
+// Four bytes from any address in shared memory (little-endian): two aligned words, one funnel shift.
+__device__ __forceinline__ uint32_t word(const uint8_t * p) {
+    const uintptr_t a = (uintptr_t) p;
+    const uint32_t * q = (const uint32_t *) (a & ~(uintptr_t) 3);
+    return __funnelshift_r(q[0], q[1], (unsigned) (a & 3) * 8);
+}
+
+// Q4_K/Q5_K: the 6-bit scale and min of sub-block j from the 12 packed bytes at q (ggml's
+// get_scale_min_k4).
+__device__ __forceinline__ void scale_min_k4(int j, const uint8_t * q, int & d, int & m) {
+    if (j < 4) {
+        d = q[j] & 63; m = q[j + 4] & 63;
+    } else {
+        d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+}
