@@ -266,6 +266,45 @@ fn too_big(what: &str) -> candle_core::Error {
     ))
 }
 
+/// An `[E, out, in]` expert stack the kernels can read: its dims, (ggml type id, block size) and
+/// the bytes of one row, checked against the bytes the stack holds (the kernels address expert
+/// `e` at `e·out·row_bytes`). `what` names the operation in the errors.
+fn stack(w: &QTensor, what: &str) -> Result<([usize; 3], (i32, usize), usize)> {
+    let &[n_experts, out, inp] = w.shape().dims() else {
+        candle_core::bail!("{what}: weight {:?} is not [E, out, in]", w.shape())
+    };
+    let Some(ty) = kernel_type(w.dtype()) else {
+        candle_core::bail!("{what}: no kernel for {:?}", w.dtype())
+    };
+    let row_bytes = inp / w.dtype().block_size() * w.dtype().type_size();
+    if n_experts * out * row_bytes > w.storage_size_in_bytes() {
+        candle_core::bail!("{what}: {n_experts} experts overrun the stack's bytes")
+    }
+    Ok(([n_experts, out, inp], ty, row_bytes))
+}
+
+/// The segments of a [`Grouping`]'s table on the device (`t_ptr`: its first u32): tokens
+/// `[rows]`, slots `[rows]`, bounds `[active + 1]`, experts `[active]`.
+struct Segments {
+    tokens: *const i32,
+    slots: *const i32,
+    bounds: *const i32,
+    experts: *const i32,
+}
+
+impl Grouping {
+    fn segments(&self, t_ptr: u64) -> Segments {
+        let at = |offset: usize| (t_ptr + 4 * offset as u64) as *const i32;
+        let (rows, active) = (self.rows, self.active());
+        Segments {
+            tokens: at(0),
+            slots: at(rows),
+            bounds: at(2 * rows),
+            experts: at(2 * rows + active + 1),
+        }
+    }
+}
+
 /// The device pointers and sizes of one grouped launch (see `glmcheck_moe_mmq` and
 /// `glmcheck_q8_moe`): weights, Q8_1 activations, the grouping table's slots/bounds/experts, f32
 /// output `[rows, out]`; `stride_expert` in blocks.
@@ -371,15 +410,7 @@ impl CustomOp2 for GroupedMatmul<'_> {
         ts: &CudaStorage,
         tl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let &[n_experts, out, inp] = self.w.shape().dims() else {
-            candle_core::bail!(
-                "grouped MoE matmul: weight {:?} is not [E, out, in]",
-                self.w.shape()
-            )
-        };
-        let Some((_, qk)) = kernel_type(self.w.dtype()) else {
-            candle_core::bail!("grouped MoE matmul: no kernel for {:?}", self.w.dtype())
-        };
+        let ([n_experts, out, inp], (_, qk), _) = stack(self.w, "grouped MoE matmul")?;
         let (&[_, x_in], Some((x0, _)), Some((t0, _))) = (
             xl.shape().dims(),
             xl.contiguous_offsets(),
@@ -419,9 +450,12 @@ impl CustomOp2 for GroupedMatmul<'_> {
         let table = ts.as_cuda_slice::<u32>()?.slice(t0..);
         let (x_ptr, _gx) = x.device_ptr(&stream);
         let (t_ptr, _gt) = table.device_ptr(&stream);
-        let at = |offset: usize| (t_ptr + 4 * offset as u64) as *const i32;
-        let (tokens, slots) = (at(0), at(rows));
-        let (bounds, experts) = (at(2 * rows), at(2 * rows + active + 1));
+        let Segments {
+            tokens,
+            slots,
+            bounds,
+            experts,
+        } = g.segments(t_ptr);
 
         // Q8_1 activations in the MMQ layout, rows in expert order (+ one tile of slack).
         let padded = inp.div_ceil(ROW_PADDING) * ROW_PADDING;
@@ -495,12 +529,7 @@ impl CustomOp2 for DequantMatmul<'_> {
         tl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         const WHAT: &str = "tiled dequant matmul";
-        let &[n_experts, out, inp] = self.w.shape().dims() else {
-            candle_core::bail!("{WHAT}: weight {:?} is not [E, out, in]", self.w.shape())
-        };
-        let Some((ggml_type, _)) = kernel_type(self.w.dtype()) else {
-            candle_core::bail!("{WHAT}: no kernel for {:?}", self.w.dtype())
-        };
+        let ([n_experts, out, inp], (ggml_type, _), row_bytes) = stack(self.w, WHAT)?;
         let (&[x_rows, x_in], Some((x0, _)), Some((t0, _))) = (
             xl.shape().dims(),
             xl.contiguous_offsets(),
@@ -515,22 +544,18 @@ impl CustomOp2 for DequantMatmul<'_> {
                 "{WHAT}: activations [{x_rows}, {x_in}] for a [{n_experts}, {out}, {inp}] stack and {rows} rows"
             )
         }
-        let row_bytes = inp / self.w.dtype().block_size() * self.w.dtype().type_size();
-        if n_experts * out * row_bytes > self.w.storage_size_in_bytes() {
-            candle_core::bail!("{WHAT}: {n_experts} experts overrun the stack's bytes")
-        }
         let dev = xs.device().clone();
         let stream = dev.cuda_stream();
         let stream_ptr = stream.cu_stream() as *mut std::ffi::c_void;
         let table = ts.as_cuda_slice::<u32>()?.slice(t0..);
         let (t_ptr, _gt) = table.device_ptr(&stream);
-        let at = |offset: usize| (t_ptr + 4 * offset as u64) as *const i32;
+        let seg = g.segments(t_ptr);
         let src = if self.by_token {
-            at(0)
+            seg.tokens
         } else {
             std::ptr::null()
         };
-        let (bounds, experts) = (at(2 * rows), at(2 * rows + active + 1));
+        let (bounds, experts) = (seg.bounds, seg.experts);
         let w_ptr = self.w.device_ptr()? as *const std::ffi::c_void;
         if rows == 0 || active == 0 {
             candle_core::bail!("{WHAT}: no routed rows")
@@ -594,9 +619,7 @@ impl CustomOp1 for DequantExperts<'_> {
 
     fn cuda_fwd(&self, ts: &CudaStorage, tl: &Layout) -> Result<(CudaStorage, Shape)> {
         const WHAT: &str = "grouped expert decode";
-        let &[n_experts, out, inp] = self.w.shape().dims() else {
-            candle_core::bail!("{WHAT}: weight {:?} is not [E, out, in]", self.w.shape())
-        };
+        let ([_, out, inp], _, row_bytes) = stack(self.w, WHAT)?;
         let (g, range) = (self.g, self.range.clone());
         let n = range.len();
         if range.end > g.active() || n == 0 {
@@ -605,17 +628,12 @@ impl CustomOp1 for DequantExperts<'_> {
         let Some((t0, _)) = tl.contiguous_offsets() else {
             candle_core::bail!("{WHAT}: the routing table is not contiguous")
         };
-        let elems = out * inp;
-        let bytes = elems / self.w.dtype().block_size() * self.w.dtype().type_size();
-        if bytes * n_experts > self.w.storage_size_in_bytes() {
-            candle_core::bail!("{WHAT}: {n_experts} experts of {bytes} bytes overrun the stack")
-        }
+        let (elems, bytes) = (out * inp, out * row_bytes);
         let stream = ts.device().cuda_stream();
         let table = ts.as_cuda_slice::<u32>()?.slice(t0..);
         let (t_ptr, _gt) = table.device_ptr(&stream);
         // The table's `experts` segment, from this range's first expert.
-        let experts =
-            (t_ptr + 4 * (2 * g.rows + g.active() + 1 + range.start) as u64) as *const i32;
+        let experts = g.segments(t_ptr).experts.wrapping_add(range.start);
         let storage = decode(ts.device(), self.w, self.dtype, experts, n, bytes, elems)?;
         drop(_gt);
         Ok((storage, (n, out, inp).into()))
