@@ -391,13 +391,8 @@ impl Glm5 {
         }
         let paths = ModelPaths::new()?;
         let per_rank_vocab = ranks[0].embed.dim(0).map_err(at(&paths.embed))?;
-        let rope = Rope::new(
-            c.qk_rope_head_dim,
-            c.rope_theta,
-            RopeLayout::Interleaved,
-            &device,
-        )
-        .map_err(at(&paths.rotary))?;
+        let rope =
+            Rope::new(c.qk_rope_head_dim, c.rope_theta, &device).map_err(at(&paths.rotary))?;
         let mut fallbacks: Vec<String> = Vec::new();
         for s in &sources {
             for f in s.fallbacks() {

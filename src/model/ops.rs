@@ -112,7 +112,6 @@ pub struct Rope {
     /// `[d/2]` f32
     inv_freq: Tensor,
     pub dim: usize,
-    pub layout: RopeLayout,
 }
 
 /// cos/sin of one forward, `[T, d/2]` each (the per-pair angles), computed in f32.
@@ -133,7 +132,9 @@ impl RopeTables {
 }
 
 impl Rope {
-    pub fn new(dim: usize, theta: f64, layout: RopeLayout, device: &Device) -> Result<Self> {
+    /// The tables' frequencies; each module that rotates says its own pair layout
+    /// ([`Rope::rotate`]).
+    pub fn new(dim: usize, theta: f64, device: &Device) -> Result<Self> {
         // transformers: 1.0 / (base ** (arange(0, dim, 2, dtype=float32) / dim)), all f32. This is
         // a config-derived constant table, built on the host once.
         let half = dim / 2;
@@ -143,7 +144,6 @@ impl Rope {
         Ok(Rope {
             inv_freq: Tensor::from_vec(inv, half, device)?,
             dim,
-            layout,
         })
     }
 
@@ -303,7 +303,7 @@ mod tests {
         let dev = Device::Cpu;
         let (t, h, d) = (7usize, 3usize, 16usize);
         for layout in [RopeLayout::Interleaved, RopeLayout::HalfSplit] {
-            let rope = Rope::new(d, 10000.0, layout, &dev)?;
+            let rope = Rope::new(d, 10000.0, &dev)?;
             let tables = rope.tables(t)?;
             let (cos, sin) = (&tables.cos, &tables.sin);
             for dtype in [DType::F32, DType::BF16] {
