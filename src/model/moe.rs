@@ -332,8 +332,8 @@ fn weighted_sum(
 #[cfg(feature = "cuda")]
 impl Experts {
     /// q8 mode on CUDA: every expert that has tokens runs once over all of them, in one grouped
-    /// MMQ launch per projection (`moe_cuda`, activations quantized to Q8_1 as llama.cpp's
-    /// kernels do, f32 out); the outputs are weighted in f32 and summed over the k slots. The
+    /// launch per projection (`moe_cuda`: the int8 kernel or llama.cpp's MMQ, activations
+    /// quantized to Q8_1 as llama.cpp's kernels do, f32 out); the outputs are weighted in f32 and summed over the k slots. The
     /// routing is read back to group the rows (a device sync per MoE layer).
     fn fused(
         &self,

@@ -1,5 +1,6 @@
-//! q8 mode's routed experts on CUDA: one grouped MMQ launch per projection over every expert that
-//! has tokens (`cuda/moe_mmq.cu`, llama.cpp's MMQ tiles as vendored in candle-kernels).
+//! q8 mode's routed experts on CUDA: one grouped launch per projection over every expert that has
+//! tokens, by glmcheck's int8 kernel (`cuda/q8_moe.cu`: Q4_K, Q6_K, Q8_0) or llama.cpp's MMQ tiles
+//! as vendored in candle-kernels (`cuda/moe_mmq.cu`: the other types; see [`Q8Kernel`]).
 //!
 //! The router's choices are read back and grouped by expert on the host ([`Grouping`]); the
 //! activations are quantized to Q8_1 (llama.cpp's MMQ layout) in that order, and each expert's
