@@ -100,8 +100,8 @@ constexpr int XSC = 16 + 2;
 // row scales are llama.cpp's values: Q4_K's load_tiles_q4_K rounds (d, −dmin)·(sc, m) to half;
 // Q6_K's d·sc is exact in f32, and (dot·sc)·d in f32 rounds the same exact product once as
 // dot·(d·sc) does (|dot·sc| < 2^24).
-template <int T, int TN, typename Blk>
-__device__ __forceinline__ void step_scales(Blk blk, const uint8_t * xb, float * rsc, float * xsc, int tid) {
+template <int T, typename Blk>
+__device__ __forceinline__ void step_scales(Blk blk, const uint8_t * xb, float * rsc, float * xsc, int tid, int ncols) {
     constexpr int RS = row_scales<T>();
     for (int i = tid; i < BM * 8; i += THREADS) {
         const int r = i / 8, s = i % 8;
@@ -123,7 +123,7 @@ __device__ __forceinline__ void step_scales(Blk blk, const uint8_t * xb, float *
             rsc[r * RS + s] = h2f(b + 34 * s);
         }
     }
-    for (int i = tid; i < TN * 8; i += THREADS) {
+    for (int i = tid; i < ncols * 8; i += THREADS) {
         const int c = i / 8, s = i % 8;
         const uint8_t * q = xb + c * XP + (s / 4) * Q8B;
         float2 f;
@@ -139,10 +139,12 @@ __device__ __forceinline__ void step_scales(Blk blk, const uint8_t * xb, float *
 // One 256-value step of one warp: `b[h]` the raw blocks of the lane's rows g + 8h (`rs[h]` their
 // scales), `xb` the step's activation blocks (token c at xb + c·XP: block kb at + kb·Q8B, its scales
 // first, then 128 int8), `xsc` the tokens' scales.
-// acc[n][e]: row g + 8·(e / 2), token 8n + 2t + e % 2 (the m16n8 accumulator layout).
+// acc[n][e]: row g + 8·(e / 2), token 8n + 2t + e % 2 (the m16n8 accumulator layout). Only the
+// first `live` groups of 8 tokens hold tokens: the others are skipped (a block-uniform branch).
 template <int T, int NT, bool ALIGNED>
 __device__ __forceinline__ void step_dot(const uint8_t * const (&b)[2], const float * const (&rs)[2],
-                                         const uint8_t * xb, const float * xsc, int g, int t, float (&acc)[NT][4]) {
+                                         const uint8_t * xb, const float * xsc, int g, int t, int live,
+                                         float (&acc)[NT][4]) {
     // This lane's B fragment (token g of tile n, 4 values) and its tokens' scales (2t, 2t + 1).
     auto bq = [&](int n, int kb, int off) { return *(const uint32_t *) (xb + (8 * n + g) * XP + kb * Q8B + 16 + off); };
     auto xs2 = [&](int n, int e, int s) { return *(const float2 *) (xsc + (8 * n + 2 * t + e) * XSC + 2 * s); };
@@ -160,6 +162,9 @@ __device__ __forceinline__ void step_dot(const uint8_t * const (&b)[2], const fl
                 const float2 f[2] = {*(const float2 *) (rs[0] + 2 * s), *(const float2 *) (rs[1] + 2 * s)};
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
+                    if (n >= live) {
+                        break;
+                    }
                     int c[4];
                     mma_k32<true>(c, a, bq(n, kb, 32 * i + 4 * t), bq(n, kb, 32 * i + 16 + 4 * t));
                     const float2 d8[2] = {xs2(n, 0, s), xs2(n, 1, s)};
@@ -188,6 +193,9 @@ __device__ __forceinline__ void step_dot(const uint8_t * const (&b)[2], const fl
                 const float sd[2] = {rs[0][2 * s + hh], rs[1][2 * s + hh]};
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
+                    if (n >= live) {
+                        break;
+                    }
                     int c[4];
                     mma_k16(c, a[0], a[1], bq(n, ip, 32 * jj + o));
                     const float d8[2] = {xs2(n, 0, s).x, xs2(n, 1, s).x};
@@ -209,6 +217,9 @@ __device__ __forceinline__ void step_dot(const uint8_t * const (&b)[2], const fl
             const float d[2] = {rs[0][s], rs[1][s]};
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
+                if (n >= live) {
+                    break;
+                }
                 int c[4];
                 mma_k32<false>(c, a, bq(n, kb, 32 * i + 4 * t), bq(n, kb, 32 * i + 16 + 4 * t));
                 const float d8[2] = {xs2(n, 0, s).x, xs2(n, 1, s).x};
@@ -299,14 +310,14 @@ __global__ void __launch_bounds__(THREADS) glmcheck_q8mm(
         // Everyone's copies of this step have landed, and everyone is done with the other buffer
         // and with the previous step's scales.
         __syncthreads();
-        step_scales<T, TN>(blk, xs + buf * TN * XP, rsc, xsc, tid);
+        step_scales<T>(blk, xs + buf * TN * XP, rsc, xsc, tid, ncols);
         __syncthreads();
         if (step + 1 < steps) {
             stage(buf ^ 1, step + 1);
         }
         const uint8_t * b[2] = {blk(r0), blk(r0 + 8)};
         const float * rs[2] = {rsc + r0 * RS, rsc + (r0 + 8) * RS};
-        step_dot<T, NT, ALIGNED>(b, rs, xs + buf * TN * XP, xsc, g, t, acc);
+        step_dot<T, NT, ALIGNED>(b, rs, xs + buf * TN * XP, xsc, g, t, (ncols + 7) / 8, acc);
     }
 #pragma unroll
     for (int n = 0; n < NT; ++n) {

@@ -57,6 +57,16 @@ impl Grouping {
         })
     }
 
+    /// All `t` rows to one expert, in order: a dense weight as a one-expert stack.
+    pub(crate) fn identity(t: usize, device: &candle_core::Device) -> Result<Self> {
+        let ids = Tensor::zeros((t, 1), candle_core::DType::U32, &candle_core::Device::Cpu)?;
+        let g = Grouping::new(&ids, 1)?;
+        Ok(Grouping {
+            table: g.table.to_device(device)?,
+            ..g
+        })
+    }
+
     /// Experts that have tokens.
     pub(crate) fn active(&self) -> usize {
         self.by_expert.len()

@@ -264,13 +264,17 @@ impl Linear {
     }
 }
 
-/// `x · Wᵀ` by candle's quantized kernels. They are fed f32 (every path takes it; the activations
-/// are quantized to 8 bits first anyway) and the result is cast back to `x`'s dtype.
+/// `x · Wᵀ` by the quantized kernels llama.cpp computes with: the activations quantized to Q8_1,
+/// integer dot products per block (candle's MMVQ/MMQ; on CUDA, 9 to 32 tokens of a Q4_K, Q6_K or
+/// Q8_0 weight by glmcheck's int8 kernel, MMQ's arithmetic: `moe_cuda::int8_dense`). They are fed
+/// f32 and the result is cast back to `x`'s dtype.
 pub fn q8_matmul(q: &QTensor, x: &Tensor) -> Result<Tensor> {
-    x.to_dtype(DType::F32)?
-        .contiguous()?
-        .apply_op1_no_bwd(q)?
-        .to_dtype(x.dtype())
+    let xf = x.to_dtype(DType::F32)?.contiguous()?;
+    #[cfg(feature = "cuda")]
+    if let Some(y) = super::moe_cuda::int8_dense(q, &xf)? {
+        return y.to_dtype(x.dtype());
+    }
+    xf.apply_op1_no_bwd(q)?.to_dtype(x.dtype())
 }
 
 #[cfg(test)]

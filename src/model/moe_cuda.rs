@@ -121,7 +121,8 @@ impl Q8Kernel {
 
     /// The ggml type id the int8 kernel takes for this `[E, out, in]` stack, if it does.
     fn int8_type(self, w: &QTensor) -> Option<i32> {
-        let shape_ok = matches!(w.shape().dims(), &[_, out, _] if out.is_multiple_of(64));
+        let shape_ok =
+            matches!(w.shape().dims(), &[_, out, _] | &[out, _] if out.is_multiple_of(64));
         kernel_type(w.dtype())
             .map(|(id, _)| id)
             .filter(|_| self == Q8Kernel::Int8 && shape_ok)
@@ -188,6 +189,49 @@ impl Grouping {
         };
         x.contiguous()?.apply_op2_no_bwd(&self.table, &op)
     }
+}
+
+/// q8 mode's dense matmuls from 9 to this many tokens go to the int8 kernel (one tile: each
+/// weight read once); fewer stay on candle's MMVQ (llama.cpp's choice up to 8), more on candle's
+/// MMQ (which reuses a decoded tile across up to 128 tokens; the int8 kernel's tiles hold 32).
+pub(crate) const INT8_DENSE_TOKENS: std::ops::RangeInclusive<usize> = 9..=32;
+
+/// `x · Wᵀ` for a dense quantized `w` `[out, in]` by the int8 kernel, when it applies: x f32
+/// `[T, in]` on CUDA with T in [`INT8_DENSE_TOKENS`], a Q4_K, Q6_K or Q8_0 weight with `out` a
+/// multiple of 64 and `in` of 256, and not `GLMCHECK_Q8_DENSE=candle` (candle's kernels for every
+/// dense matmul, to cross-check). The same arithmetic as llama.cpp's MMQ (see `cuda/q8_moe.cu`).
+/// → f32 `[T, out]`.
+pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
+    let forced_off = std::env::var_os("GLMCHECK_Q8_DENSE").is_some_and(|v| v == "candle");
+    let t = x.dim(0)?;
+    let applies = x.device().is_cuda()
+        && x.dtype() == DType::F32
+        && INT8_DENSE_TOKENS.contains(&t)
+        && matches!(w.shape().dims(), &[_, inp] if inp.is_multiple_of(256))
+        && Q8Kernel::Int8.int8_type(w).is_some();
+    if forced_off || !applies {
+        return Ok(None);
+    }
+    IDENTITY.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let fresh = match cell.as_ref() {
+            Some(g) => g.rows != t || !g.table.device().same_device(x.device()),
+            None => true,
+        };
+        if fresh {
+            *cell = Some(Grouping::identity(t, x.device())?);
+        }
+        match cell.as_ref() {
+            Some(g) => g.matmul_with(w, x, true, Q8Kernel::Int8).map(Some),
+            None => Ok(None),
+        }
+    })
+}
+
+thread_local! {
+    /// The last identity grouping [`int8_dense`] used: one forward's dense matmuls all have the
+    /// same token count, so its table is uploaded once per forward, not once per matmul.
+    static IDENTITY: std::cell::RefCell<Option<Grouping>> = const { std::cell::RefCell::new(None) };
 }
 
 struct DequantExperts<'a> {
@@ -271,8 +315,10 @@ fn too_big(what: &str) -> candle_core::Error {
 /// the bytes of one row, checked against the bytes the stack holds (the kernels address expert
 /// `e` at `e·out·row_bytes`). `what` names the operation in the errors.
 fn stack(w: &QTensor, what: &str) -> Result<([usize; 3], (i32, usize), usize)> {
-    let &[n_experts, out, inp] = w.shape().dims() else {
-        candle_core::bail!("{what}: weight {:?} is not [E, out, in]", w.shape())
+    let (n_experts, out, inp) = match *w.shape().dims() {
+        [e, out, inp] => (e, out, inp),
+        [out, inp] => (1, out, inp), // a dense weight: one expert
+        _ => candle_core::bail!("{what}: weight {:?} is not [E, out, in]", w.shape()),
     };
     let Some(ty) = kernel_type(w.dtype()) else {
         candle_core::bail!("{what}: no kernel for {:?}", w.dtype())
@@ -328,6 +374,24 @@ struct Launch {
     stream: *mut std::ffi::c_void,
 }
 
+/// The int8 kernel's tile width in tokens: the narrowest of 8, 16 and 32 that holds the busiest
+/// expert's rows (32 past that: wider tiles hold too many accumulators). The kernel skips a tile's
+/// empty groups of 8 tokens, so a wider tile costs shared memory (fewer resident blocks), not
+/// arithmetic, and saves re-reading an expert's weights for each further tile.
+/// `GLMCHECK_Q8_TILE=8|16|32` fixes it (to measure the choice).
+pub(crate) fn int8_tile(max_rows: usize) -> usize {
+    let fixed = std::env::var("GLMCHECK_Q8_TILE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|w| [8, 16, 32].contains(w));
+    fixed.unwrap_or_else(|| {
+        [8, 16, 32]
+            .into_iter()
+            .find(|&w| w >= max_rows)
+            .unwrap_or(32)
+    })
+}
+
 impl GroupedMatmul<'_> {
     /// The grouped product by the int8 kernel where it applies, llama.cpp's MMQ elsewhere.
     fn multiply(&self, l: &Launch) -> Result<()> {
@@ -336,11 +400,9 @@ impl GroupedMatmul<'_> {
         let block_bytes = self.w.dtype().type_size();
         let rc = unsafe {
             match int8 {
-                // Tiles of 8, 16 or 32 tokens (the MMQ choice, capped: wider ones hold too many
-                // accumulators).
                 Some(id) => glmcheck_q8_moe(
                     id,
-                    l.tile.min(32) as i32,
+                    int8_tile(l.max_rows) as i32,
                     l.w,
                     (l.stride_expert * block_bytes) as i64,
                     (l.inp / qk * block_bytes) as i64,

@@ -169,13 +169,51 @@ fn the_int8_expert_kernel_equals_llama_cpps_mmq() -> Result<()> {
                 let err = rel_l2(&got, &want)?;
                 eprintln!(
                     "{qt:?} t={t} tile={} by_token={by_token}: rel-L2 {err:.2e}",
-                    g.tile_width().min(32)
+                    int8_tile(g.max_rows())
                 );
                 assert!(
                     err < 1e-5,
                     "{qt:?} t={t} by_token={by_token}: rel-L2 {err:.2e}"
                 );
             }
+        }
+    }
+    Ok(())
+}
+
+/// q8 mode's dense matmuls of 9 to 32 tokens by the int8 kernel (a dense weight as a one-expert
+/// stack, `int8_dense`) against candle's own quantized matmul of the same weight (its MMQ, the
+/// kernel those matmuls used before): the same integer dot products and scale expressions, so
+/// they agree to f32 summation order; a row or token mix-up gives a rel-L2 near 1. Outside the
+/// token range, and for a type the kernel lacks, `int8_dense` declines (candle's kernels run).
+#[test]
+fn the_int8_dense_matmul_equals_candles_mmq() -> Result<()> {
+    let Ok(dev) = Device::new_cuda(0) else {
+        eprintln!("no CUDA device: skipped");
+        return Ok(());
+    };
+    let (out, inp) = (192usize, 768usize);
+    let w = Tensor::randn(0f32, 1.0, (out, inp), &Device::Cpu)?;
+    for qt in [
+        GgmlDType::Q4K,
+        GgmlDType::Q6K,
+        GgmlDType::Q8_0,
+        GgmlDType::Q5_0,
+    ] {
+        let q = QTensor::quantize_onto(&w, qt, &dev)?;
+        for t in [1usize, 8, 9, 16, 17, 32, 33] {
+            let x = Tensor::randn(0f32, 1.0, (t, inp), &dev)?;
+            let got = int8_dense(&q, &x)?;
+            let covered = qt != GgmlDType::Q5_0 && (9..=32).contains(&t);
+            assert_eq!(got.is_some(), covered, "{qt:?} t={t}");
+            let Some(got) = got else { continue };
+            let want = x.apply_op1_no_bwd(&q)?;
+            let err = rel_l2(
+                &got.to_device(&Device::Cpu)?,
+                &want.to_device(&Device::Cpu)?,
+            )?;
+            eprintln!("{qt:?} t={t}: rel-L2 {err:.2e}");
+            assert!(err < 1e-5, "{qt:?} t={t}: rel-L2 {err:.2e}");
         }
     }
     Ok(())
