@@ -9,6 +9,9 @@
 #     GLMCHECK_Q8_DENSE=candle) of the same file, module by module, bf16, at 16 and 256 tokens;
 #  3. --bench 5 --profile at NS tokens (default 16 256): q8 int8, q8 on llama.cpp's kernels, q8 with
 #     the expert tile fixed at 16 (GLMCHECK_Q8_TILE), dequant;
+#  4. ncu: the grouped expert kernels at 256 tokens (int8 as chosen, int8 16 wide, MMQ), and every
+#     kernel of a --bench 1 forward at 16 and 32 tokens with the int8 dense route as chosen (lm_head),
+#     off (GLMCHECK_Q8_DENSE=candle) and on every dense matmul (=all): each one's time on either kernel.
 # Usage: tools/device_q8_int8_check.sh GLMCHECK TESTBIN OUTDIR   Env: WORK (default /tmp/gpub), NS
 # Packs OUTDIR into $OUT/x.tar.xz when OUT is set. Summarized by tools/device_moe_summary.py.
 set -uo pipefail
@@ -44,3 +47,12 @@ GLMCHECK_Q8_TILE=16 step ncu-tile16-256 120 "$ncu" --kernel-name regex:glmcheck_
   --csv --print-units base --clock-control none "${fwd[@]}"
 GLMCHECK_Q8_EXPERTS=mmq step ncu-mmq-256 120 "$ncu" --kernel-name regex:glmcheck_mmq_moe \
   --metrics gpu__time_duration.sum --csv --print-units base --clock-control none "${fwd[@]}"
+for n in 16 32; do
+  toks=$(seq -s, 1000 $((999 + n)))
+  fwd=("$bin" forward "$model" --tokens "$toks" --device cuda --dtype bf16 --matmul q8 --max-new-tokens 0 --bench 1 --json)
+  step "census-int8-$n" 120 "$ncu" --metrics gpu__time_duration.sum --csv --print-units base --clock-control none "${fwd[@]}"
+  for d in candle all; do
+    GLMCHECK_Q8_DENSE=$d step "census-$d-$n" 120 "$ncu" --metrics gpu__time_duration.sum --csv --print-units base \
+      --clock-control none "${fwd[@]}"
+  done
+done

@@ -191,23 +191,31 @@ impl Grouping {
     }
 }
 
-/// q8 mode's dense matmuls from 9 to this many tokens go to the int8 kernel (one tile: each
-/// weight read once); fewer stay on candle's MMVQ (llama.cpp's choice up to 8), more on candle's
-/// MMQ (which reuses a decoded tile across up to 128 tokens; the int8 kernel's tiles hold 32).
+/// q8 mode's dense matmuls from 9 to this many tokens may go to the int8 kernel (one tile: each
+/// weight read once; see [`int8_dense`]); fewer stay on candle's MMVQ (llama.cpp's choice up to 8),
+/// more on candle's MMQ (which reuses a decoded tile across up to 128 tokens; the int8 kernel's
+/// tiles hold 32).
 pub(crate) const INT8_DENSE_TOKENS: std::ops::RangeInclusive<usize> = 9..=32;
 
 /// `x · Wᵀ` for a dense quantized `w` `[out, in]` by the int8 kernel, when it applies: x f32
-/// `[T, in]` on CUDA with T in [`INT8_DENSE_TOKENS`], a Q4_K, Q6_K or Q8_0 weight with `out` a
-/// multiple of 64 and `in` of 256, and not `GLMCHECK_Q8_DENSE=candle` (candle's kernels for every
-/// dense matmul, to cross-check). The same arithmetic as llama.cpp's MMQ (see `cuda/q8_moe.cu`).
-/// → f32 `[T, out]`.
+/// `[T, in]` on CUDA with T in [`INT8_DENSE_TOKENS`], a Q4_K, Q6_K or Q8_0 weight with `in` a
+/// multiple of 256 and `out / 64` (the kernel's blocks: it has no split-K, each block walks the
+/// whole `in`) at least twice the device's SMs, and not `GLMCHECK_Q8_DENSE=candle` (candle's
+/// kernels for every dense matmul, to cross-check; `=all` drops the grid condition, to measure it). At GLM-5's sizes that is lm_head alone: the
+/// other projections have 9 to 256 blocks of 64 rows, and with the int8 kernel for all of them a
+/// 32-token q8 forward took 7.75 ms against 6.65 with candle's stream-k MMQ (H200, efac4fa).
+/// The same arithmetic as llama.cpp's MMQ (see `cuda/q8_moe.cu`). → f32 `[T, out]`.
 pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
-    let forced_off = std::env::var_os("GLMCHECK_Q8_DENSE").is_some_and(|v| v == "candle");
+    let choice = std::env::var_os("GLMCHECK_Q8_DENSE");
+    let forced_off = choice.as_ref().is_some_and(|v| v == "candle");
+    let any_grid = choice.as_ref().is_some_and(|v| v == "all");
     let t = x.dim(0)?;
-    let applies = x.device().is_cuda()
-        && x.dtype() == DType::F32
+    let candle_core::Device::Cuda(dev) = x.device() else {
+        return Ok(None);
+    };
+    let applies = x.dtype() == DType::F32
         && INT8_DENSE_TOKENS.contains(&t)
-        && matches!(w.shape().dims(), &[_, inp] if inp.is_multiple_of(256))
+        && matches!(w.shape().dims(), &[out, inp] if inp.is_multiple_of(256) && (any_grid || out / 64 >= 2 * sm_count(dev)?))
         && Q8Kernel::Int8.int8_type(w).is_some();
     if forced_off || !applies {
         return Ok(None);
@@ -300,6 +308,16 @@ fn device_info(cu: sys::CUdevice) -> Result<(i32, i32)> {
     ))
 }
 
+/// The device's streaming multiprocessors.
+fn sm_count(dev: &candle_core::CudaDevice) -> Result<usize> {
+    let cu = dev.cuda_stream().context().cu_device();
+    let n = attribute(
+        cu,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    )?;
+    Ok(n.max(1) as usize)
+}
+
 fn attribute(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32> {
     unsafe { result::device::get_attribute(dev, a) }
         .map_err(|e| candle_core::Error::Cuda(Box::new(e)))
@@ -374,22 +392,19 @@ struct Launch {
     stream: *mut std::ffi::c_void,
 }
 
-/// The int8 kernel's tile width in tokens: the narrowest of 8, 16 and 32 that holds the busiest
-/// expert's rows (32 past that: wider tiles hold too many accumulators). The kernel skips a tile's
-/// empty groups of 8 tokens, so a wider tile costs shared memory (fewer resident blocks), not
-/// arithmetic, and saves re-reading an expert's weights for each further tile.
-/// `GLMCHECK_Q8_TILE=8|16|32` fixes it (to measure the choice).
-pub(crate) fn int8_tile(max_rows: usize) -> usize {
+/// The int8 kernel's tile width in tokens: the grouping's choice ([`Grouping::tile_width`], which
+/// weighs re-reading an expert's weights per tile against padded columns) capped at 32 (wider tiles
+/// hold too many accumulators). The kernel skips a tile's empty groups of 8 tokens. Measured on an
+/// H200 at 256 tokens (ncu, the six expert launches of a 3-layer GLM-5 synth): 7.30 ms with this
+/// choice (16 wide), 7.87 ms with the narrowest tile holding the busiest expert (32 wide: fewer
+/// resident blocks), 7.50 ms before the skipping. `GLMCHECK_Q8_TILE=8|16|32` fixes the width (to
+/// measure the choice).
+pub(crate) fn int8_tile(grouping_tile: usize) -> usize {
     let fixed = std::env::var("GLMCHECK_Q8_TILE")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|w| [8, 16, 32].contains(w));
-    fixed.unwrap_or_else(|| {
-        [8, 16, 32]
-            .into_iter()
-            .find(|&w| w >= max_rows)
-            .unwrap_or(32)
-    })
+    fixed.unwrap_or(grouping_tile.min(32))
 }
 
 impl GroupedMatmul<'_> {
@@ -402,7 +417,7 @@ impl GroupedMatmul<'_> {
             match int8 {
                 Some(id) => glmcheck_q8_moe(
                     id,
-                    int8_tile(l.max_rows) as i32,
+                    int8_tile(l.tile) as i32,
                     l.w,
                     (l.stride_expert * block_bytes) as i64,
                     (l.inp / qk * block_bytes) as i64,

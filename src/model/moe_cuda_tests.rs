@@ -169,7 +169,7 @@ fn the_int8_expert_kernel_equals_llama_cpps_mmq() -> Result<()> {
                 let err = rel_l2(&got, &want)?;
                 eprintln!(
                     "{qt:?} t={t} tile={} by_token={by_token}: rel-L2 {err:.2e}",
-                    int8_tile(g.max_rows())
+                    int8_tile(g.tile_width())
                 );
                 assert!(
                     err < 1e-5,
@@ -192,7 +192,8 @@ fn the_int8_dense_matmul_equals_candles_mmq() -> Result<()> {
         eprintln!("no CUDA device: skipped");
         return Ok(());
     };
-    let (out, inp) = (192usize, 768usize);
+    // Enough rows for twice the SMs of any current GPU (the kernel declines smaller grids).
+    let (out, inp) = (64 * 2 * 256usize, 768usize);
     let w = Tensor::randn(0f32, 1.0, (out, inp), &Device::Cpu)?;
     for qt in [
         GgmlDType::Q4K,
@@ -216,5 +217,16 @@ fn the_int8_dense_matmul_equals_candles_mmq() -> Result<()> {
             assert!(err < 1e-5, "{qt:?} t={t}: rel-L2 {err:.2e}");
         }
     }
+    // Too few blocks of 64 rows to fill the GPU without split-K: declined.
+    let small = QTensor::quantize_onto(
+        &Tensor::randn(0f32, 1.0, (192, inp), &Device::Cpu)?,
+        GgmlDType::Q4K,
+        &dev,
+    )?;
+    let x = Tensor::randn(0f32, 1.0, (16, inp), &dev)?;
+    assert!(
+        int8_dense(&small, &x)?.is_none(),
+        "a 3-block grid was taken"
+    );
     Ok(())
 }
