@@ -25,6 +25,8 @@ pub mod moe_cuda;
 pub(crate) mod names;
 pub mod ops;
 pub mod parallel;
+#[cfg(feature = "cuda")]
+pub mod rope_cuda;
 pub mod source;
 
 use candle_core::{DType, Device, Tensor};

@@ -165,10 +165,11 @@ impl Rope {
     /// it: `[x_even·cos − x_odd·sin | x_odd·cos + x_even·sin]` (Interleaved; HalfSplit pairs
     /// `x_i, x_{i+d/2}`). The tables are cast to `x`'s dtype first, as transformers does.
     ///
-    /// One candle kernel (candle-nn's half-split `rope`) after one de-interleaving copy, instead of
-    /// ten op-by-op launches: the same per-op roundings in `x`'s dtype (each product, then the
-    /// difference or sum, rounded), so bit for bit the op-by-op result on the CPU (tested) and in
-    /// bf16/f16 on CUDA; in f32 nvcc may fuse a product into the sum (an ulp).
+    /// One kernel instead of ten op-by-op launches, with the op-by-op roundings in `x`'s dtype
+    /// (each product, then the difference or sum, rounded: transformers' eager values). On the
+    /// CPU candle-nn's half-split `rope` after one de-interleaving copy (bit for bit the op-by-op
+    /// result, tested); on CUDA glmcheck's own kernel (`model::rope_cuda`: candle's CUDA `rope`
+    /// lets nvcc fuse a product into the sum, an ulp off transformers in bf16 — measured).
     pub fn rotate(
         &self,
         layout: RopeLayout,
@@ -181,6 +182,11 @@ impl Rope {
         let t = tables.cos.dim(0)?;
         let cos = tables.cos.to_dtype(x.dtype())?;
         let sin = tables.sin.to_dtype(x.dtype())?;
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            let interleaved = matches!(layout, RopeLayout::Interleaved);
+            return super::rope_cuda::rotate(x, &cos, &sin, tokens_first, interleaved);
+        }
         let x = match layout {
             RopeLayout::Interleaved => {
                 let last = dims.len() - 1;
@@ -300,13 +306,31 @@ mod tests {
     /// swapped pair or table row would differ in most values.
     #[test]
     fn the_fused_rotation_is_the_op_by_op_one() -> Result<()> {
-        let dev = Device::Cpu;
+        fused_equals_op_by_op(&Device::Cpu)
+    }
+
+    /// The same on CUDA, where glmcheck's own kernel rotates (f32, f16, bf16): bit for bit the
+    /// op-by-op rotation of candle's CUDA elementwise kernels, i.e. torch's eager roundings.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn the_cuda_rotation_is_the_op_by_op_one() -> Result<()> {
+        match Device::new_cuda(0) {
+            Ok(dev) => fused_equals_op_by_op(&dev),
+            Err(_) => {
+                eprintln!("no CUDA device: skipped");
+                Ok(())
+            }
+        }
+    }
+
+    fn fused_equals_op_by_op(dev: &Device) -> Result<()> {
+        let dev = dev.clone();
         let (t, h, d) = (7usize, 3usize, 16usize);
         for layout in [RopeLayout::Interleaved, RopeLayout::HalfSplit] {
             let rope = Rope::new(d, 10000.0, &dev)?;
             let tables = rope.tables(t)?;
             let (cos, sin) = (&tables.cos, &tables.sin);
-            for dtype in [DType::F32, DType::BF16] {
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
                 let heads_first = Tensor::randn(0f32, 1.0, (h, t, d), &dev)?.to_dtype(dtype)?;
                 let tokens_first = Tensor::randn(0f32, 1.0, (t, h, d), &dev)?.to_dtype(dtype)?;
                 let keys = Tensor::randn(0f32, 1.0, (t, d), &dev)?.to_dtype(dtype)?;
