@@ -26,6 +26,8 @@ pub(crate) mod names;
 pub mod ops;
 pub mod parallel;
 #[cfg(feature = "cuda")]
+pub mod q8_dense;
+#[cfg(feature = "cuda")]
 pub mod rope_cuda;
 pub mod source;
 
