@@ -15,13 +15,17 @@
 // tokens against 6.8–7.0 with MMQ, and the same at 256 tokens (the six expert launches 7.5 ms
 // against MMQ's 7.4 under ncu). ncu of a first version found it issue-bound (81 % of issue slots:
 // scale conversions and per-output scaling); moving the scales into the per-step pass below did not
-// change the time, and a third pipeline stage made it slower (8.1 ms: fewer blocks per SM). What
-// bounds it at 256 tokens is still open (reports/gpu-moe.md).
+// change the time, and a third pipeline stage made it slower (8.1 ms: fewer blocks per SM).
+// Skipping a tile's empty 8-token groups brought the six launches to 7.3 ms (MMQ 7.5; build H2).
+// At 256 tokens it is bound by issuing llama.cpp's per-32-value scale arithmetic (four float ops
+// per output and sub-block), not by memory (reports/gpu-moe.md).
 //
 // Tiling: a CUDA block owns 64 weight rows of one expert and TN = 8·NT of its tokens (8, 16 or 32)
 // and walks k in steps of 256 (one K-quant super-block): the next step's raw blocks and activation
 // blocks are copied asynchronously (cp.async) while the current one is multiplied. Each of the 4
-// warps owns 16 rows: per 32 values it runs NT m16n8k32 MMAs (Q6_K: two m16n8k16, one per scale).
+// warps owns 16 rows: per 32 values it runs one m16n8k32 MMA per 8 of the tile's tokens that exist
+// (Q6_K: two m16n8k16, one per scale). A dense weight runs as a one-expert stack
+// (src/model/q8_dense.rs).
 //
 // Built by build.rs with `--features cuda`; declared in src/model/moe_cuda.rs.
 
