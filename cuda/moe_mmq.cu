@@ -13,7 +13,7 @@
 //    (one block per SM plus a fixup pass). On an H200 (3-layer GLM-5 Q4_K_M, q8 mode) the forward took
 //    7.5 ms at 16 tokens and 28.3 ms at 256 tiled, 9.8 and 29.6 ms with stream-k.
 //
-// Built by build.rs with `--features cuda`; declared in src/model/moe_cuda.rs.
+// Built by build.rs with `--features cuda`; declared in src/model/q8_cuda.rs.
 
 #include "mmq_common.cuh"
 #include "mmq_gguf.cuh"

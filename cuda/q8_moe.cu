@@ -25,9 +25,9 @@
 // blocks are copied asynchronously (cp.async) while the current one is multiplied. Each of the 4
 // warps owns 16 rows: per 32 values it runs one m16n8k32 MMA per 8 of the tile's tokens that exist
 // (Q6_K: two m16n8k16, one per scale). A dense weight runs as a one-expert stack
-// (src/model/q8_dense.rs).
+// (src/model/q8_cuda.rs).
 //
-// Built by build.rs with `--features cuda`; declared in src/model/moe_cuda.rs.
+// Built by build.rs with `--features cuda`; declared in src/model/q8_cuda.rs.
 
 #include <cuda_fp16.h>
 #include <cuda_pipeline.h>

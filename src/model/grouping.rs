@@ -1,7 +1,7 @@
-//! The router's choices grouped by expert, as the grouped MoE kernel reads them
-//! (`model::moe_cuda`, `cuda/moe_mmq.cu`). Host-side and device-independent, so its tables are
-//! tested without a GPU. Only a `cuda` build multiplies with it (the eager expert loop uses
-//! [`routed_rows`] in every build).
+//! The router's choices grouped by expert, as the grouped MoE kernels read them (`model::q8_cuda`,
+//! `model::moe_cuda`). Host-side and device-independent, so its tables are tested without a GPU.
+//! Only a `cuda` build multiplies with it (the eager expert loop uses [`routed_rows`] in every
+//! build).
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
 
 use candle_core::{Result, Tensor};

@@ -267,12 +267,12 @@ impl Linear {
 /// `x · Wᵀ` by the quantized kernels llama.cpp computes with: the activations quantized to Q8_1,
 /// integer dot products per block (candle's MMVQ/MMQ; on CUDA, 9 to 16 tokens of a Q4_K, Q6_K or
 /// Q8_0 weight with enough rows to fill the GPU — lm_head — by glmcheck's int8 kernel, MMQ's
-/// arithmetic: `q8_dense::int8_dense`). They are fed f32 and the result is cast back to `x`'s
+/// arithmetic: `q8_cuda::int8_dense`). They are fed f32 and the result is cast back to `x`'s
 /// dtype.
 pub fn q8_matmul(q: &QTensor, x: &Tensor) -> Result<Tensor> {
     let xf = x.to_dtype(DType::F32)?.contiguous()?;
     #[cfg(feature = "cuda")]
-    if let Some(y) = super::q8_dense::int8_dense(q, &xf)? {
+    if let Some(y) = super::q8_cuda::int8_dense(q, &xf)? {
         return y.to_dtype(x.dtype());
     }
     xf.apply_op1_no_bwd(q)?.to_dtype(x.dtype())

@@ -26,7 +26,7 @@ pub(crate) mod names;
 pub mod ops;
 pub mod parallel;
 #[cfg(feature = "cuda")]
-pub mod q8_dense;
+pub mod q8_cuda;
 #[cfg(feature = "cuda")]
 pub mod rope_cuda;
 pub mod source;

@@ -136,7 +136,7 @@ pub enum ExpertStack {
         mode: MatmulMode,
     },
     /// The whole `[E, out, in]` stack as one quantized tensor on a CUDA device. q8 mode: the
-    /// grouped MoE kernel (`moe_cuda`), every expert that has tokens in one launch, its weights
+    /// grouped MoE kernel (`q8_cuda`), every expert that has tokens in one launch, its weights
     /// read once. Dequant mode: the experts that have tokens decoded in one launch and multiplied
     /// in one batched GEMM per projection.
     Stacked {
@@ -332,7 +332,7 @@ fn weighted_sum(
 #[cfg(feature = "cuda")]
 impl Experts {
     /// q8 mode on CUDA: every expert that has tokens runs once over all of them, in one grouped
-    /// launch per projection (`moe_cuda`: the int8 kernel or llama.cpp's MMQ, activations
+    /// launch per projection (`q8_cuda`: the int8 kernel or llama.cpp's MMQ, activations
     /// quantized to Q8_1 as llama.cpp's kernels do, f32 out); the outputs are weighted in f32 and summed over the k slots. The
     /// routing is read back to group the rows (a device sync per MoE layer).
     fn fused(

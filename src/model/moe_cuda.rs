@@ -1,12 +1,8 @@
-//! q8 mode's routed experts on CUDA: one grouped launch per projection over every expert that has
-//! tokens, by glmcheck's int8 kernel (`cuda/q8_moe.cu`: Q4_K, Q6_K, Q8_0) or llama.cpp's MMQ tiles
-//! as vendored in candle-kernels (`cuda/moe_mmq.cu`: the other types; see [`Q8Kernel`]).
-//!
-//! The router's choices are read back and grouped by expert on the host ([`Grouping`]); the
-//! activations are quantized to Q8_1 (llama.cpp's MMQ layout) in that order, and each expert's
-//! weights are read once for all of its tokens. candle's own `indexed_moe_forward` runs one
-//! matrix-vector product per (token, slot) instead: at 256 tokens it re-read each expert ~8 times
-//! (56 of 78 ms of a 3-layer GLM-5-sized forward on an H200).
+//! dequant mode's routed experts on CUDA (the tiled kernel `cuda/dequant_gemm.cu`, the active
+//! experts decoded by `cuda/dequant_experts.cu`), whole tensors decoded straight into the compute
+//! dtype, the device memory pool setting, and what the expert ops of both modes share: the check
+//! of an `[E, out, in]` stack and the grouping table's device segments. q8 mode's ops are
+//! [`super::q8_cuda`].
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{result, sys, DevicePtr};
@@ -20,51 +16,7 @@ use candle_core::{
 use super::grouping::Grouping;
 use crate::gguf::cuda_decode::{fill, kernel_type, tiled_type};
 
-const QK8_1: usize = 32;
-/// `block_q8_1_mmq`: 128 quants + 16 bytes of scales.
-const BLOCK_Q8_1_MMQ_BYTES: usize = 4 * QK8_1 + 16;
-/// llama.cpp's `MATRIX_ROW_PADDING`: activation rows are padded to it.
-const ROW_PADDING: usize = 512;
 extern "C" {
-    fn glmcheck_moe_mmq(
-        ggml_type_x: i32,
-        mmq_x: i32,
-        x: *const std::ffi::c_void,
-        y: *const std::ffi::c_void,
-        ids_dst: *const i32,
-        expert_bounds: *const i32,
-        expert_map: *const i32,
-        dst: *mut f32,
-        ncols_x: i32,
-        nrows_x: i32,
-        stride_row_x: i32,
-        ncols_y: i32,
-        stride_expert_x: i32,
-        n_active: i32,
-        ncols_max: i32,
-        cc: i32,
-        warp_size: i32,
-        stream: *mut std::ffi::c_void,
-    ) -> i32;
-    fn glmcheck_q8_moe(
-        ggml_type: i32,
-        tn: i32,
-        w: *const std::ffi::c_void,
-        expert_bytes: i64,
-        row_bytes: i64,
-        y: *const std::ffi::c_void,
-        ncols_y: i32,
-        ids_dst: *const i32,
-        bounds: *const i32,
-        experts: *const i32,
-        dst: *mut f32,
-        n_out: i32,
-        k_in: i32,
-        n_active: i32,
-        max_cols: i32,
-        stream: *mut std::ffi::c_void,
-    ) -> i32;
-    fn glmcheck_q8_moe_type(ggml_type: i32) -> i32;
     fn glmcheck_dequant_experts(
         ggml_type: i32,
         dst_dtype: i32,
@@ -99,35 +51,6 @@ extern "C" {
 /// `cuda/dequant_experts.cu`: the same ten types).
 pub(crate) fn grouped_type(t: GgmlDType) -> bool {
     kernel_type(t).is_some()
-}
-
-/// Which kernel multiplies q8 mode's experts: glmcheck's int8 tensor-core kernel
-/// (`cuda/q8_moe.cu`: Q4_K, Q6_K and Q8_0 stacks with `out` a multiple of 64) where it applies, or
-/// llama.cpp's MMQ (`cuda/moe_mmq.cu`, every other type; all of them with
-/// `GLMCHECK_Q8_EXPERTS=mmq`, to cross-check the two).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Q8Kernel {
-    Int8,
-    Mmq,
-}
-
-impl Q8Kernel {
-    fn from_env() -> Self {
-        match std::env::var_os("GLMCHECK_Q8_EXPERTS") {
-            Some(v) if v == "mmq" => Q8Kernel::Mmq,
-            _ => Q8Kernel::Int8,
-        }
-    }
-
-    /// The ggml type id the int8 kernel takes for this `[E, out, in]` stack, if it does.
-    pub(crate) fn int8_type(self, w: &QTensor) -> Option<i32> {
-        let shape_ok =
-            matches!(w.shape().dims(), &[_, out, _] | &[out, _] if out.is_multiple_of(64));
-        kernel_type(w.dtype())
-            .map(|(id, _)| id)
-            .filter(|_| self == Q8Kernel::Int8 && shape_ok)
-            .filter(|&id| unsafe { glmcheck_q8_moe_type(id) } == 1)
-    }
 }
 
 /// Whether dequant mode's tiled kernel (`cuda/dequant_gemm.cu`: blocks decoded into shared memory
@@ -165,30 +88,6 @@ impl Grouping {
         };
         self.table.apply_op1_no_bwd(&op)
     }
-
-    /// `w` `[E, out, in]` (quantized) applied to rows of `x` (f32 `[_, in]`): for every grouped
-    /// row j, expert `experts(j)` times `x[tokens[j]]` (`by_token`) or `x[slots[j]]`, written to
-    /// output row `slots[j]`. → f32 `[T·k, out]`.
-    pub fn matmul(&self, w: &QTensor, x: &Tensor, by_token: bool) -> Result<Tensor> {
-        self.matmul_with(w, x, by_token, Q8Kernel::from_env())
-    }
-
-    /// [`Grouping::matmul`] by the given kernel.
-    pub(crate) fn matmul_with(
-        &self,
-        w: &QTensor,
-        x: &Tensor,
-        by_token: bool,
-        kernel: Q8Kernel,
-    ) -> Result<Tensor> {
-        let op = GroupedMatmul {
-            w,
-            g: self,
-            by_token,
-            kernel,
-        };
-        x.contiguous()?.apply_op2_no_bwd(&self.table, &op)
-    }
 }
 
 struct DequantExperts<'a> {
@@ -204,65 +103,12 @@ struct DequantMatmul<'a> {
     by_token: bool,
 }
 
-struct GroupedMatmul<'a> {
-    w: &'a QTensor,
-    g: &'a Grouping,
-    by_token: bool,
-    kernel: Q8Kernel,
-}
-
-/// The Q8_1 activation quantizers candle-kernels exports (one per scale layout).
-type Quantizer = unsafe extern "C" fn(
-    *const std::ffi::c_void,
-    *const i32,
-    *mut std::ffi::c_void,
-    i32,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    *mut std::ffi::c_void,
-);
-
-/// candle-kernels' Q8_1 quantizer for the activations, in the scale layout llama.cpp's MMQ pairs
-/// with the weight type (`mmq_get_q8_1_ds_layout`).
-fn quantizer(t: GgmlDType) -> Quantizer {
-    use candle_kernels::ffi;
-    match t {
-        GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q5_1 | GgmlDType::Q4K | GgmlDType::Q5K => {
-            ffi::launch_mmq_quantize_q8_1_DS4
-        }
-        GgmlDType::Q2K => ffi::launch_mmq_quantize_q8_1_D2S6,
-        _ => ffi::launch_mmq_quantize_q8_1_D4,
-    }
-}
-
-/// (compute capability as ggml spells it, e.g. 900; warp size) of a device that can run the kernel.
-fn device_info(cu: sys::CUdevice) -> Result<(i32, i32)> {
-    use sys::CUdevice_attribute as A;
-    let major = attribute(cu, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-    let minor = attribute(cu, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
-    if major < 7 {
-        candle_core::bail!(
-            "the grouped MoE kernel needs compute capability 7.0, not {major}.{minor}"
-        )
-    }
-    Ok((
-        major * 100 + minor * 10,
-        attribute(cu, A::CU_DEVICE_ATTRIBUTE_WARP_SIZE)?,
-    ))
-}
-
 pub(super) fn attribute(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32> {
     unsafe { result::device::get_attribute(dev, a) }
         .map_err(|e| candle_core::Error::Cuda(Box::new(e)))
 }
 
-fn too_big(what: &str) -> candle_core::Error {
+pub(super) fn too_big(what: &str) -> candle_core::Error {
     candle_core::Error::Msg(format!(
         "grouped MoE matmul: {what} exceeds the kernel's 32-bit offsets"
     ))
@@ -271,7 +117,7 @@ fn too_big(what: &str) -> candle_core::Error {
 /// An `[E, out, in]` expert stack the kernels can read: its dims, (ggml type id, block size) and
 /// the bytes of one row, checked against the bytes the stack holds (the kernels address expert
 /// `e` at `e·out·row_bytes`). `what` names the operation in the errors.
-fn stack(w: &QTensor, what: &str) -> Result<([usize; 3], (i32, usize), usize)> {
+pub(super) fn stack(w: &QTensor, what: &str) -> Result<([usize; 3], (i32, usize), usize)> {
     let (n_experts, out, inp) = match *w.shape().dims() {
         [e, out, inp] => (e, out, inp),
         [out, inp] => (1, out, inp), // a dense weight: one expert
@@ -289,15 +135,15 @@ fn stack(w: &QTensor, what: &str) -> Result<([usize; 3], (i32, usize), usize)> {
 
 /// The segments of a [`Grouping`]'s table on the device (`t_ptr`: its first u32): tokens
 /// `[rows]`, slots `[rows]`, bounds `[active + 1]`, experts `[active]`.
-struct Segments {
-    tokens: *const i32,
-    slots: *const i32,
-    bounds: *const i32,
-    experts: *const i32,
+pub(super) struct Segments {
+    pub(super) tokens: *const i32,
+    pub(super) slots: *const i32,
+    pub(super) bounds: *const i32,
+    pub(super) experts: *const i32,
 }
 
 impl Grouping {
-    fn segments(&self, t_ptr: u64) -> Segments {
+    pub(super) fn segments(&self, t_ptr: u64) -> Segments {
         let at = |offset: usize| (t_ptr + 4 * offset as u64) as *const i32;
         let (rows, active) = (self.rows, self.active());
         Segments {
@@ -306,220 +152,6 @@ impl Grouping {
             bounds: at(2 * rows),
             experts: at(2 * rows + active + 1),
         }
-    }
-}
-
-/// The device pointers and sizes of one grouped launch (see `glmcheck_moe_mmq` and
-/// `glmcheck_q8_moe`): weights, Q8_1 activations, the grouping table's slots/bounds/experts, f32
-/// output `[rows, out]`; `stride_expert` in blocks.
-struct Launch {
-    w: *const std::ffi::c_void,
-    q8: *const std::ffi::c_void,
-    slots: *const i32,
-    bounds: *const i32,
-    experts: *const i32,
-    dst: *mut f32,
-    out: i32,
-    inp: usize,
-    rows: usize,
-    active: usize,
-    max_rows: usize,
-    tile: usize,
-    stride_expert: usize,
-    /// (compute capability, warp size)
-    device: (i32, i32),
-    stream: *mut std::ffi::c_void,
-}
-
-/// The int8 kernel's tile width in tokens: the grouping's choice ([`Grouping::tile_width`], which
-/// weighs re-reading an expert's weights per tile against padded columns) capped at 32 (wider tiles
-/// hold too many accumulators). The kernel skips a tile's empty groups of 8 tokens. Measured on an
-/// H200 at 256 tokens (ncu, the six expert launches of a 3-layer GLM-5 synth): 7.30 ms with this
-/// choice (16 wide), 7.87 ms with the narrowest tile holding the busiest expert (32 wide: fewer
-/// resident blocks), 7.50 ms before the skipping. `GLMCHECK_Q8_TILE=8|16|32` fixes the width (to
-/// measure the choice).
-pub(crate) fn int8_tile(grouping_tile: usize) -> usize {
-    let fixed = std::env::var("GLMCHECK_Q8_TILE")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|w| [8, 16, 32].contains(w));
-    fixed.unwrap_or(grouping_tile.min(32))
-}
-
-impl GroupedMatmul<'_> {
-    /// The grouped product by the int8 kernel where it applies, llama.cpp's MMQ elsewhere.
-    fn multiply(&self, l: &Launch) -> Result<()> {
-        let (ggml_type, qk) = kernel_type(self.w.dtype()).unwrap_or((-1, 1));
-        let int8 = self.kernel.int8_type(self.w);
-        let block_bytes = self.w.dtype().type_size();
-        let rc = unsafe {
-            match int8 {
-                Some(id) => glmcheck_q8_moe(
-                    id,
-                    int8_tile(l.tile) as i32,
-                    l.w,
-                    (l.stride_expert * block_bytes) as i64,
-                    (l.inp / qk * block_bytes) as i64,
-                    l.q8,
-                    l.rows as i32,
-                    l.slots,
-                    l.bounds,
-                    l.experts,
-                    l.dst,
-                    l.out,
-                    l.inp as i32,
-                    l.active as i32,
-                    l.max_rows as i32,
-                    l.stream,
-                ),
-                None => glmcheck_moe_mmq(
-                    ggml_type,
-                    l.tile as i32,
-                    l.w,
-                    l.q8,
-                    l.slots,
-                    l.bounds,
-                    l.experts,
-                    l.dst,
-                    l.inp as i32,
-                    l.out,
-                    (l.inp / qk) as i32,
-                    l.rows as i32,
-                    l.stride_expert as i32,
-                    l.active as i32,
-                    l.max_rows as i32,
-                    l.device.0,
-                    l.device.1,
-                    l.stream,
-                ),
-            }
-        };
-        if rc != 0 {
-            let which = if int8.is_some() { "int8" } else { "MMQ" };
-            candle_core::bail!(
-                "grouped MoE matmul: {which} launcher refused (code {rc}, tile {})",
-                l.tile
-            )
-        }
-        Ok(())
-    }
-}
-
-impl CustomOp2 for GroupedMatmul<'_> {
-    fn name(&self) -> &'static str {
-        "glmcheck-grouped-moe-mmq"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        candle_core::bail!("the grouped MoE kernel runs on CUDA only")
-    }
-
-    fn cuda_fwd(
-        &self,
-        xs: &CudaStorage,
-        xl: &Layout,
-        ts: &CudaStorage,
-        tl: &Layout,
-    ) -> Result<(CudaStorage, Shape)> {
-        let ([n_experts, out, inp], (_, qk), _) = stack(self.w, "grouped MoE matmul")?;
-        let (&[_, x_in], Some((x0, _)), Some((t0, _))) = (
-            xl.shape().dims(),
-            xl.contiguous_offsets(),
-            tl.contiguous_offsets(),
-        ) else {
-            candle_core::bail!(
-                "grouped MoE matmul: activations {:?} are not [rows, in]",
-                xl.shape()
-            )
-        };
-        if x_in != inp || inp % 256 != 0 {
-            candle_core::bail!(
-                "grouped MoE matmul: {x_in} inputs for a [{n_experts}, {out}, {inp}] stack"
-            )
-        }
-        let g = self.g;
-        let (rows, active) = (g.rows, g.active());
-        if rows == 0 || active == 0 {
-            let dev = xs.device().clone();
-            let zeros = dev.alloc_zeros::<f32>(rows * out)?;
-            return Ok((CudaStorage::wrap_cuda_slice(zeros, dev), (rows, out).into()));
-        }
-        let stride_expert = out * inp / qk;
-        let i32_of = |v: usize, what: &str| i32::try_from(v).map_err(|_| too_big(what));
-        i32_of(n_experts * stride_expert, "the expert stack")?;
-        i32_of(
-            rows * (inp / 128 + 1) * BLOCK_Q8_1_MMQ_BYTES / 4,
-            "the activations",
-        )?;
-
-        let dev = xs.device().clone();
-        let stream = dev.cuda_stream();
-        let stream_ptr = stream.cu_stream() as *mut std::ffi::c_void;
-        let (cc, warp) = device_info(stream.context().cu_device())?;
-
-        let x = xs.as_cuda_slice::<f32>()?.slice(x0..);
-        let table = ts.as_cuda_slice::<u32>()?.slice(t0..);
-        let (x_ptr, _gx) = x.device_ptr(&stream);
-        let (t_ptr, _gt) = table.device_ptr(&stream);
-        let Segments {
-            tokens,
-            slots,
-            bounds,
-            experts,
-        } = g.segments(t_ptr);
-
-        // Q8_1 activations in the MMQ layout, rows in expert order (+ one tile of slack).
-        let padded = inp.div_ceil(ROW_PADDING) * ROW_PADDING;
-        let q8_bytes = (rows * (padded / 128) + 128) * BLOCK_Q8_1_MMQ_BYTES;
-        let q8 = unsafe { dev.alloc::<u8>(q8_bytes)? };
-        let (q8_ptr, _gq) = q8.device_ptr(&stream);
-        let dst = unsafe { dev.alloc::<f32>(rows * out)? };
-        let (dst_ptr, _gd) = dst.device_ptr(&stream);
-        let w_ptr = self.w.device_ptr()?;
-
-        let quantize = quantizer(self.w.dtype());
-        unsafe {
-            quantize(
-                x_ptr as *const std::ffi::c_void,
-                if self.by_token { tokens } else { slots },
-                q8_ptr as *mut std::ffi::c_void,
-                0,
-                inp as i64,
-                inp as i64,
-                0,
-                0,
-                padded as i64,
-                rows as i64,
-                1,
-                1,
-                stream_ptr,
-            );
-        }
-        self.multiply(&Launch {
-            w: w_ptr as *const std::ffi::c_void,
-            q8: q8_ptr as *const std::ffi::c_void,
-            slots,
-            bounds,
-            experts,
-            dst: dst_ptr as *mut f32,
-            out: i32_of(out, "the output width")?,
-            inp,
-            rows,
-            active,
-            max_rows: g.max_rows(),
-            tile: g.tile_width(),
-            stride_expert,
-            device: (cc, warp),
-            stream: stream_ptr,
-        })?;
-        drop((_gd, _gq, _gx, _gt));
-        Ok((CudaStorage::wrap_cuda_slice(dst, dev), (rows, out).into()))
     }
 }
 

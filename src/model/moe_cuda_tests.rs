@@ -4,7 +4,7 @@
 //! tools/device_tiled_check.sh and tools/device_decode_check.sh.
 
 use super::*;
-use crate::model::q8_dense::{int8_dense, INT8_DENSE_TOKENS};
+use crate::model::q8_cuda::{int8_dense, int8_tile, Q8Kernel, INT8_DENSE_TOKENS};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, IndexOp, Tensor};
 

@@ -168,7 +168,7 @@ pub enum QuantExperts {
     Stacked(Arc<QTensor>),
 }
 
-/// The types glmcheck's grouped MoE kernel (`model::moe_cuda`) multiplies as one stack: the
+/// The types glmcheck's grouped MoE kernels (`model::q8_cuda`) multiply as one stack: the
 /// types llama.cpp's MMQ covers. (candle 0.11.1's own `indexed_moe_forward`, used before it, strode
 /// from one expert to the next by `n·k / QK_K` blocks whatever the type, wrong for Q8_0's 32-element
 /// blocks: its Q8_0 experts diverged (rel-L2 1.4) on an H200.) Other types stay per expert.

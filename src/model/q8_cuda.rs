@@ -1,0 +1,452 @@
+//! q8 mode on CUDA: glmcheck's int8 kernel (`cuda/q8_moe.cu`: Q4_K, Q6_K, Q8_0) or llama.cpp's MMQ
+//! tiles as vendored in candle-kernels (`cuda/moe_mmq.cu`: the other types; see [`Q8Kernel`]).
+//!
+//! Routed experts: one grouped launch per projection over every expert that has tokens. The
+//! router's choices are read back and grouped by expert on the host ([`Grouping`]); the
+//! activations are quantized to Q8_1 (llama.cpp's MMQ layout) in that order, and each expert's
+//! weights are read once for all of its tokens. candle's own `indexed_moe_forward` runs one
+//! matrix-vector product per (token, slot) instead: at 256 tokens it re-read each expert ~8 times
+//! (56 of 78 ms of a 3-layer GLM-5-sized forward on an H200).
+//!
+//! Dense matmuls ([`int8_dense`]): a dense weight `[out, in]` as a one-expert stack, all tokens to
+//! expert 0, where the int8 kernel beats candle's MMQ (`linear::q8_matmul`).
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{sys, DevicePtr};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+
+use super::grouping::Grouping;
+use super::moe_cuda::{attribute, stack, too_big, Segments};
+use crate::gguf::cuda_decode::kernel_type;
+
+const QK8_1: usize = 32;
+/// `block_q8_1_mmq`: 128 quants + 16 bytes of scales.
+const BLOCK_Q8_1_MMQ_BYTES: usize = 4 * QK8_1 + 16;
+/// llama.cpp's `MATRIX_ROW_PADDING`: activation rows are padded to it.
+const ROW_PADDING: usize = 512;
+extern "C" {
+    fn glmcheck_moe_mmq(
+        ggml_type_x: i32,
+        mmq_x: i32,
+        x: *const std::ffi::c_void,
+        y: *const std::ffi::c_void,
+        ids_dst: *const i32,
+        expert_bounds: *const i32,
+        expert_map: *const i32,
+        dst: *mut f32,
+        ncols_x: i32,
+        nrows_x: i32,
+        stride_row_x: i32,
+        ncols_y: i32,
+        stride_expert_x: i32,
+        n_active: i32,
+        ncols_max: i32,
+        cc: i32,
+        warp_size: i32,
+        stream: *mut std::ffi::c_void,
+    ) -> i32;
+    fn glmcheck_q8_moe(
+        ggml_type: i32,
+        tn: i32,
+        w: *const std::ffi::c_void,
+        expert_bytes: i64,
+        row_bytes: i64,
+        y: *const std::ffi::c_void,
+        ncols_y: i32,
+        ids_dst: *const i32,
+        bounds: *const i32,
+        experts: *const i32,
+        dst: *mut f32,
+        n_out: i32,
+        k_in: i32,
+        n_active: i32,
+        max_cols: i32,
+        stream: *mut std::ffi::c_void,
+    ) -> i32;
+    fn glmcheck_q8_moe_type(ggml_type: i32) -> i32;
+}
+
+/// Which kernel multiplies q8 mode's experts: glmcheck's int8 tensor-core kernel
+/// (`cuda/q8_moe.cu`: Q4_K, Q6_K and Q8_0 stacks with `out` a multiple of 64) where it applies, or
+/// llama.cpp's MMQ (`cuda/moe_mmq.cu`, every other type; all of them with
+/// `GLMCHECK_Q8_EXPERTS=mmq`, to cross-check the two).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Q8Kernel {
+    Int8,
+    Mmq,
+}
+
+impl Q8Kernel {
+    fn from_env() -> Self {
+        match std::env::var_os("GLMCHECK_Q8_EXPERTS") {
+            Some(v) if v == "mmq" => Q8Kernel::Mmq,
+            _ => Q8Kernel::Int8,
+        }
+    }
+
+    /// The ggml type id the int8 kernel takes for this `[E, out, in]` stack, if it does.
+    pub(crate) fn int8_type(self, w: &QTensor) -> Option<i32> {
+        let shape_ok =
+            matches!(w.shape().dims(), &[_, out, _] | &[out, _] if out.is_multiple_of(64));
+        kernel_type(w.dtype())
+            .map(|(id, _)| id)
+            .filter(|_| self == Q8Kernel::Int8 && shape_ok)
+            .filter(|&id| unsafe { glmcheck_q8_moe_type(id) } == 1)
+    }
+}
+
+impl Grouping {
+    /// `w` `[E, out, in]` (quantized) applied to rows of `x` (f32 `[_, in]`): for every grouped
+    /// row j, expert `experts(j)` times `x[tokens[j]]` (`by_token`) or `x[slots[j]]`, written to
+    /// output row `slots[j]`. → f32 `[T·k, out]`.
+    pub fn matmul(&self, w: &QTensor, x: &Tensor, by_token: bool) -> Result<Tensor> {
+        self.matmul_with(w, x, by_token, Q8Kernel::from_env())
+    }
+
+    /// [`Grouping::matmul`] by the given kernel.
+    pub(crate) fn matmul_with(
+        &self,
+        w: &QTensor,
+        x: &Tensor,
+        by_token: bool,
+        kernel: Q8Kernel,
+    ) -> Result<Tensor> {
+        let op = GroupedMatmul {
+            w,
+            g: self,
+            by_token,
+            kernel,
+        };
+        x.contiguous()?.apply_op2_no_bwd(&self.table, &op)
+    }
+}
+
+struct GroupedMatmul<'a> {
+    w: &'a QTensor,
+    g: &'a Grouping,
+    by_token: bool,
+    kernel: Q8Kernel,
+}
+
+/// The Q8_1 activation quantizers candle-kernels exports (one per scale layout).
+type Quantizer = unsafe extern "C" fn(
+    *const std::ffi::c_void,
+    *const i32,
+    *mut std::ffi::c_void,
+    i32,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    *mut std::ffi::c_void,
+);
+
+/// candle-kernels' Q8_1 quantizer for the activations, in the scale layout llama.cpp's MMQ pairs
+/// with the weight type (`mmq_get_q8_1_ds_layout`).
+fn quantizer(t: GgmlDType) -> Quantizer {
+    use candle_kernels::ffi;
+    match t {
+        GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q5_1 | GgmlDType::Q4K | GgmlDType::Q5K => {
+            ffi::launch_mmq_quantize_q8_1_DS4
+        }
+        GgmlDType::Q2K => ffi::launch_mmq_quantize_q8_1_D2S6,
+        _ => ffi::launch_mmq_quantize_q8_1_D4,
+    }
+}
+
+/// (compute capability as ggml spells it, e.g. 900; warp size) of a device that can run the kernel.
+fn device_info(cu: sys::CUdevice) -> Result<(i32, i32)> {
+    use sys::CUdevice_attribute as A;
+    let major = attribute(cu, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attribute(cu, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    if major < 7 {
+        candle_core::bail!(
+            "the grouped MoE kernel needs compute capability 7.0, not {major}.{minor}"
+        )
+    }
+    Ok((
+        major * 100 + minor * 10,
+        attribute(cu, A::CU_DEVICE_ATTRIBUTE_WARP_SIZE)?,
+    ))
+}
+
+/// The device pointers and sizes of one grouped launch (see `glmcheck_moe_mmq` and
+/// `glmcheck_q8_moe`): weights, Q8_1 activations, the grouping table's slots/bounds/experts, f32
+/// output `[rows, out]`; `stride_expert` in blocks.
+struct Launch {
+    w: *const std::ffi::c_void,
+    q8: *const std::ffi::c_void,
+    slots: *const i32,
+    bounds: *const i32,
+    experts: *const i32,
+    dst: *mut f32,
+    out: i32,
+    inp: usize,
+    rows: usize,
+    active: usize,
+    max_rows: usize,
+    tile: usize,
+    stride_expert: usize,
+    /// (compute capability, warp size)
+    device: (i32, i32),
+    stream: *mut std::ffi::c_void,
+}
+
+/// The int8 kernel's tile width in tokens: the grouping's choice ([`Grouping::tile_width`], which
+/// weighs re-reading an expert's weights per tile against padded columns) capped at 32 (wider tiles
+/// hold too many accumulators). The kernel skips a tile's empty groups of 8 tokens. Measured on an
+/// H200 at 256 tokens (ncu, the six expert launches of a 3-layer GLM-5 synth): 7.30 ms with this
+/// choice (16 wide), 7.87 ms with the narrowest tile holding the busiest expert (32 wide: fewer
+/// resident blocks), 7.50 ms before the skipping. `GLMCHECK_Q8_TILE=8|16|32` fixes the width (to
+/// measure the choice).
+pub(crate) fn int8_tile(grouping_tile: usize) -> usize {
+    let fixed = std::env::var("GLMCHECK_Q8_TILE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|w| [8, 16, 32].contains(w));
+    fixed.unwrap_or(grouping_tile.min(32))
+}
+
+impl GroupedMatmul<'_> {
+    /// The grouped product by the int8 kernel where it applies, llama.cpp's MMQ elsewhere.
+    fn multiply(&self, l: &Launch) -> Result<()> {
+        let (ggml_type, qk) = kernel_type(self.w.dtype()).unwrap_or((-1, 1));
+        let int8 = self.kernel.int8_type(self.w);
+        let block_bytes = self.w.dtype().type_size();
+        let rc = unsafe {
+            match int8 {
+                Some(id) => glmcheck_q8_moe(
+                    id,
+                    int8_tile(l.tile) as i32,
+                    l.w,
+                    (l.stride_expert * block_bytes) as i64,
+                    (l.inp / qk * block_bytes) as i64,
+                    l.q8,
+                    l.rows as i32,
+                    l.slots,
+                    l.bounds,
+                    l.experts,
+                    l.dst,
+                    l.out,
+                    l.inp as i32,
+                    l.active as i32,
+                    l.max_rows as i32,
+                    l.stream,
+                ),
+                None => glmcheck_moe_mmq(
+                    ggml_type,
+                    l.tile as i32,
+                    l.w,
+                    l.q8,
+                    l.slots,
+                    l.bounds,
+                    l.experts,
+                    l.dst,
+                    l.inp as i32,
+                    l.out,
+                    (l.inp / qk) as i32,
+                    l.rows as i32,
+                    l.stride_expert as i32,
+                    l.active as i32,
+                    l.max_rows as i32,
+                    l.device.0,
+                    l.device.1,
+                    l.stream,
+                ),
+            }
+        };
+        if rc != 0 {
+            let which = if int8.is_some() { "int8" } else { "MMQ" };
+            candle_core::bail!(
+                "grouped MoE matmul: {which} launcher refused (code {rc}, tile {})",
+                l.tile
+            )
+        }
+        Ok(())
+    }
+}
+
+impl CustomOp2 for GroupedMatmul<'_> {
+    fn name(&self) -> &'static str {
+        "glmcheck-grouped-moe-mmq"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("the grouped MoE kernel runs on CUDA only")
+    }
+
+    fn cuda_fwd(
+        &self,
+        xs: &CudaStorage,
+        xl: &Layout,
+        ts: &CudaStorage,
+        tl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let ([n_experts, out, inp], (_, qk), _) = stack(self.w, "grouped MoE matmul")?;
+        let (&[_, x_in], Some((x0, _)), Some((t0, _))) = (
+            xl.shape().dims(),
+            xl.contiguous_offsets(),
+            tl.contiguous_offsets(),
+        ) else {
+            candle_core::bail!(
+                "grouped MoE matmul: activations {:?} are not [rows, in]",
+                xl.shape()
+            )
+        };
+        if x_in != inp || inp % 256 != 0 {
+            candle_core::bail!(
+                "grouped MoE matmul: {x_in} inputs for a [{n_experts}, {out}, {inp}] stack"
+            )
+        }
+        let g = self.g;
+        let (rows, active) = (g.rows, g.active());
+        if rows == 0 || active == 0 {
+            let dev = xs.device().clone();
+            let zeros = dev.alloc_zeros::<f32>(rows * out)?;
+            return Ok((CudaStorage::wrap_cuda_slice(zeros, dev), (rows, out).into()));
+        }
+        let stride_expert = out * inp / qk;
+        let i32_of = |v: usize, what: &str| i32::try_from(v).map_err(|_| too_big(what));
+        i32_of(n_experts * stride_expert, "the expert stack")?;
+        i32_of(
+            rows * (inp / 128 + 1) * BLOCK_Q8_1_MMQ_BYTES / 4,
+            "the activations",
+        )?;
+
+        let dev = xs.device().clone();
+        let stream = dev.cuda_stream();
+        let stream_ptr = stream.cu_stream() as *mut std::ffi::c_void;
+        let (cc, warp) = device_info(stream.context().cu_device())?;
+
+        let x = xs.as_cuda_slice::<f32>()?.slice(x0..);
+        let table = ts.as_cuda_slice::<u32>()?.slice(t0..);
+        let (x_ptr, _gx) = x.device_ptr(&stream);
+        let (t_ptr, _gt) = table.device_ptr(&stream);
+        let Segments {
+            tokens,
+            slots,
+            bounds,
+            experts,
+        } = g.segments(t_ptr);
+
+        // Q8_1 activations in the MMQ layout, rows in expert order (+ one tile of slack).
+        let padded = inp.div_ceil(ROW_PADDING) * ROW_PADDING;
+        let q8_bytes = (rows * (padded / 128) + 128) * BLOCK_Q8_1_MMQ_BYTES;
+        let q8 = unsafe { dev.alloc::<u8>(q8_bytes)? };
+        let (q8_ptr, _gq) = q8.device_ptr(&stream);
+        let dst = unsafe { dev.alloc::<f32>(rows * out)? };
+        let (dst_ptr, _gd) = dst.device_ptr(&stream);
+        let w_ptr = self.w.device_ptr()?;
+
+        let quantize = quantizer(self.w.dtype());
+        unsafe {
+            quantize(
+                x_ptr as *const std::ffi::c_void,
+                if self.by_token { tokens } else { slots },
+                q8_ptr as *mut std::ffi::c_void,
+                0,
+                inp as i64,
+                inp as i64,
+                0,
+                0,
+                padded as i64,
+                rows as i64,
+                1,
+                1,
+                stream_ptr,
+            );
+        }
+        self.multiply(&Launch {
+            w: w_ptr as *const std::ffi::c_void,
+            q8: q8_ptr as *const std::ffi::c_void,
+            slots,
+            bounds,
+            experts,
+            dst: dst_ptr as *mut f32,
+            out: i32_of(out, "the output width")?,
+            inp,
+            rows,
+            active,
+            max_rows: g.max_rows(),
+            tile: g.tile_width(),
+            stride_expert,
+            device: (cc, warp),
+            stream: stream_ptr,
+        })?;
+        drop((_gd, _gq, _gx, _gt));
+        Ok((CudaStorage::wrap_cuda_slice(dst, dev), (rows, out).into()))
+    }
+}
+
+/// q8 mode's dense matmuls from 9 to this many tokens may go to the int8 kernel (one tile: each
+/// weight read once; see [`int8_dense`]); fewer stay on candle's MMVQ (llama.cpp's choice up to 8),
+/// more on candle's MMQ. Measured on an H200 (ncu, lm_head of GLM-5): 0.55 ms against MMQ's 0.66
+/// at 16 tokens, 0.95 against 0.77 at 32 (32-wide tiles: four times the per-block scale work).
+pub(crate) const INT8_DENSE_TOKENS: std::ops::RangeInclusive<usize> = 9..=16;
+
+/// `x · Wᵀ` for a dense quantized `w` `[out, in]` by the int8 kernel, when it applies: x f32
+/// `[T, in]` on CUDA with T in [`INT8_DENSE_TOKENS`], a Q4_K, Q6_K or Q8_0 weight with `in` a
+/// multiple of 256 and `out / 64` (the kernel's blocks: it has no split-K, each block walks the
+/// whole `in`) at least twice the device's SMs, and not `GLMCHECK_Q8_DENSE=candle` (candle's
+/// kernels for every dense matmul, to cross-check; `=all` drops the grid condition, to measure
+/// it). At GLM-5's sizes that is lm_head alone: the other projections have 9 to 256 blocks of 64
+/// rows, and on the int8 kernel they took twice candle's stream-k MMQ (H200: 1.02 against 0.54 ms
+/// per 16-token forward; `reports/gpu-moe.md`, H2). The same arithmetic as llama.cpp's MMQ (see
+/// `cuda/q8_moe.cu`). → f32 `[T, out]`.
+pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
+    let choice = std::env::var_os("GLMCHECK_Q8_DENSE");
+    let forced_off = choice.as_ref().is_some_and(|v| v == "candle");
+    let any_grid = choice.as_ref().is_some_and(|v| v == "all");
+    let t = x.dim(0)?;
+    let candle_core::Device::Cuda(dev) = x.device() else {
+        return Ok(None);
+    };
+    let applies = x.dtype() == DType::F32
+        && INT8_DENSE_TOKENS.contains(&t)
+        && matches!(w.shape().dims(), &[out, inp] if inp.is_multiple_of(256) && (any_grid || out / 64 >= 2 * sm_count(dev)?))
+        && Q8Kernel::Int8.int8_type(w).is_some();
+    if forced_off || !applies {
+        return Ok(None);
+    }
+    IDENTITY.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let fresh = match cell.as_ref() {
+            Some(g) => g.rows != t || !g.table.device().same_device(x.device()),
+            None => true,
+        };
+        if fresh {
+            *cell = Some(Grouping::identity(t, x.device())?);
+        }
+        match cell.as_ref() {
+            Some(g) => g.matmul_with(w, x, true, Q8Kernel::Int8).map(Some),
+            None => Ok(None),
+        }
+    })
+}
+
+thread_local! {
+    /// The last identity grouping [`int8_dense`] used: one forward's dense matmuls all have the
+    /// same token count, so its table is uploaded once per forward, not once per matmul.
+    static IDENTITY: std::cell::RefCell<Option<Grouping>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The device's streaming multiprocessors.
+fn sm_count(dev: &candle_core::CudaDevice) -> Result<usize> {
+    let cu = dev.cuda_stream().context().cu_device();
+    let n = attribute(
+        cu,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    )?;
+    Ok(n.max(1) as usize)
+}
