@@ -240,18 +240,23 @@ __device__ __forceinline__ void step_dot(const uint8_t * const (&b)[2], const fl
 // dst[ids_dst[j]] = W[experts[z]] · y_j for the grouped columns j of active expert z
 // (bounds[z]..bounds[z+1]). W: [E, n_out, k_in] blocks, row_bytes per row, expert_bytes per expert;
 // y: block_q8_1_mmq, block (kb, j) at (kb·ncols_y + j)·144; dst: f32 [.., n_out].
-// Grid: (n_out / 64, column tiles of 8·NT, active experts).
+// Grid: (n_out / 64, column tiles of 8·NT, active experts · splits). With splits > 1 (split-K, for
+// grids too small to fill the GPU) split sp sums its share of the k steps into
+// partial[sp][ncols_y][n_out] instead of dst; glmcheck_splitk_sum adds the splits in order.
 template <int T, int NT, bool ALIGNED>
 __global__ void __launch_bounds__(THREADS) glmcheck_q8mm(
         const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes,
         const uint8_t * __restrict__ y, int ncols_y, const int32_t * __restrict__ ids_dst,
         const int32_t * __restrict__ bounds, const int32_t * __restrict__ experts,
-        float * __restrict__ dst, int n_out, int k_in) {
+        float * __restrict__ dst, int n_out, int k_in, int splits, float * __restrict__ partial) {
     constexpr int TN = 8 * NT, B = bytes_256(T), CH = chunks(T), P = pitch(T);
-    const int z = blockIdx.z;
+    const int z = blockIdx.z / splits, sp = blockIdx.z % splits;
     const int col0 = bounds[z] + blockIdx.y * TN;
     const int ncols = min(TN, bounds[z + 1] - col0);
-    if (ncols <= 0) {
+    // This block's k steps: all of them, or split sp's share.
+    const int all_steps = k_in / KS, per = (all_steps + splits - 1) / splits;
+    const int s0 = sp * per, s1 = min(all_steps, s0 + per);
+    if (ncols <= 0 || s0 >= s1) {
         return;
     }
     const int n0 = blockIdx.x * BM;
@@ -266,7 +271,6 @@ __global__ void __launch_bounds__(THREADS) glmcheck_q8mm(
         out_row[tid] = tid < ncols ? ids_dst[col0 + tid] : -1;
     }
     const uint8_t * wexp = w + (long long) experts[z] * expert_bytes + (long long) n0 * row_bytes;
-    const int steps = k_in / KS;
 
     auto stage = [&](int buf, int step) {
         for (int i = tid; i < BM * CH; i += THREADS) {
@@ -301,9 +305,9 @@ __global__ void __launch_bounds__(THREADS) glmcheck_q8mm(
     constexpr int RS = row_scales<T>();
     __shared__ float rsc[BM * RS];
     __shared__ __align__(8) float xsc[TN * XSC];
-    stage(0, 0);
-    for (int step = 0; step < steps; ++step) {
-        const int buf = step & 1;
+    stage(0, s0);
+    for (int step = s0; step < s1; ++step) {
+        const int buf = (step - s0) & 1;
         // Row r's blocks of this step in shared memory (the misalignment of a step's blocks moves
         // when their size is not a multiple of 16, Q6_K's).
         auto blk = [&](int r) {
@@ -316,29 +320,44 @@ __global__ void __launch_bounds__(THREADS) glmcheck_q8mm(
         __syncthreads();
         step_scales<T>(blk, xs + buf * TN * XP, rsc, xsc, tid, ncols);
         __syncthreads();
-        if (step + 1 < steps) {
+        if (step + 1 < s1) {
             stage(buf ^ 1, step + 1);
         }
         const uint8_t * b[2] = {blk(r0), blk(r0 + 8)};
         const float * rs[2] = {rsc + r0 * RS, rsc + (r0 + 8) * RS};
         step_dot<T, NT, ALIGNED>(b, rs, xs + buf * TN * XP, xsc, g, t, (ncols + 7) / 8, acc);
     }
+    float * out = splits > 1 ? partial + (long long) sp * ncols_y * n_out : dst;
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int col = 8 * n + 2 * t + (e & 1);
             if (col < ncols) {
-                dst[(long long) out_row[col] * n_out + n0 + r0 + 8 * (e / 2)] = acc[n][e];
+                out[(long long) out_row[col] * n_out + n0 + r0 + 8 * (e / 2)] = acc[n][e];
             }
         }
     }
 }
 
+// dst[i] = Σ_sp partial[sp][i], splits in order (deterministic).
+__global__ void glmcheck_splitk_sum(const float * __restrict__ partial, float * __restrict__ dst, long long n,
+                                    int splits) {
+    const long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) {
+        return;
+    }
+    float s = partial[i];
+    for (int sp = 1; sp < splits; ++sp) {
+        s += partial[(long long) sp * n + i];
+    }
+    dst[i] = s;
+}
+
 template <int T, int NT, bool ALIGNED>
 int launch(const void * w, long long expert_bytes, long long row_bytes, const void * y, int ncols_y,
            const int32_t * ids_dst, const int32_t * bounds, const int32_t * experts, float * dst, int n_out,
-           int k_in, int n_active, int max_cols, cudaStream_t stream) {
+           int k_in, int n_active, int max_cols, int splits, float * partial, cudaStream_t stream) {
     const size_t shared = 2 * (BM * pitch(T) + 8 * NT * XP);
     auto kernel = glmcheck_q8mm<T, NT, ALIGNED>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) shared) != cudaSuccess
@@ -346,18 +365,22 @@ int launch(const void * w, long long expert_bytes, long long row_bytes, const vo
                                 (int) cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
         return 3;
     }
-    const dim3 grid(n_out / BM, (max_cols + 8 * NT - 1) / (8 * NT), n_active);
+    const dim3 grid(n_out / BM, (max_cols + 8 * NT - 1) / (8 * NT), n_active * splits);
     kernel<<<grid, THREADS, shared, stream>>>((const uint8_t *) w, expert_bytes, row_bytes, (const uint8_t *) y,
-                                              ncols_y, ids_dst, bounds, experts, dst, n_out, k_in);
+                                              ncols_y, ids_dst, bounds, experts, dst, n_out, k_in, splits, partial);
+    if (splits > 1) {
+        const long long n = (long long) ncols_y * n_out;
+        glmcheck_splitk_sum<<<(unsigned) ((n + 255) / 256), 256, 0, stream>>>(partial, dst, n, splits);
+    }
     return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
 
 template <int T, bool ALIGNED>
 int launch_tn(int tn, const void * w, long long expert_bytes, long long row_bytes, const void * y, int ncols_y,
               const int32_t * ids_dst, const int32_t * bounds, const int32_t * experts, float * dst, int n_out,
-              int k_in, int n_active, int max_cols, cudaStream_t stream) {
+              int k_in, int n_active, int max_cols, int splits, float * partial, cudaStream_t stream) {
 #define GLMCHECK_TN(N) launch<T, N, ALIGNED>(w, expert_bytes, row_bytes, y, ncols_y, ids_dst, bounds, experts, dst, \
-                                            n_out, k_in, n_active, max_cols, stream)
+                                            n_out, k_in, n_active, max_cols, splits, partial, stream)
     switch (tn) {
         case 8: return GLMCHECK_TN(1);
         case 16: return GLMCHECK_TN(2);
@@ -375,29 +398,36 @@ extern "C" int glmcheck_q8_moe_type(int ggml_type) {
 }
 
 // Returns 0 when launched, 1 for a type without a kernel, 2 for a shape or tile width it does not
-// take (n_out % 64, k_in % 256, tn not 8, 16 or 32), 3 for a CUDA error. tn: tokens per tile.
+// take (n_out % 64, k_in % 256, tn not 8, 16 or 32, splits < 1 or more than k_in / 256, splits > 1
+// without a partial buffer), 3 for a CUDA error. tn: tokens per tile. splits > 1: split-K, partial
+// holds splits · ncols_y · n_out floats.
 extern "C" int glmcheck_q8_moe(int ggml_type, int tn, const void * w, long long expert_bytes, long long row_bytes,
                                const void * y, int ncols_y, const int32_t * ids_dst, const int32_t * bounds,
                                const int32_t * experts, float * dst, int n_out, int k_in, int n_active,
-                               int max_cols, void * stream) {
-    if (n_out % BM != 0 || k_in % KS != 0 || n_active <= 0 || max_cols <= 0) {
+                               int max_cols, int splits, float * partial, void * stream) {
+    if (n_out % BM != 0 || k_in % KS != 0 || n_active <= 0 || max_cols <= 0 || splits < 1
+        || splits > k_in / KS || (splits > 1 && partial == nullptr) || (long long) n_active * splits > 65535) {
         return 2;
     }
+    // Every split gets steps (5 ways over 6 steps would leave the last two empty, their partial
+    // sums unwritten): as many splits as shares of ceil(steps / splits).
+    const int per = (k_in / KS + splits - 1) / splits;
+    splits = (k_in / KS + per - 1) / per;
     const cudaStream_t s = (cudaStream_t) stream;
     // Q4_K's blocks are 144 bytes: word loads need no funnel shift when every row starts on 16 bytes.
     const bool aligned = (uintptr_t) w % 16 == 0 && expert_bytes % 16 == 0 && row_bytes % 16 == 0;
     switch (ggml_type) {
         case Q4_K:
             return aligned ? launch_tn<Q4_K, true>(tn, w, expert_bytes, row_bytes, y, ncols_y, ids_dst, bounds, experts,
-                                                   dst, n_out, k_in, n_active, max_cols, s)
+                                                   dst, n_out, k_in, n_active, max_cols, splits, partial, s)
                            : launch_tn<Q4_K, false>(tn, w, expert_bytes, row_bytes, y, ncols_y, ids_dst, bounds,
-                                                    experts, dst, n_out, k_in, n_active, max_cols, s);
+                                                    experts, dst, n_out, k_in, n_active, max_cols, splits, partial, s);
         case Q6_K:
             return launch_tn<Q6_K, false>(tn, w, expert_bytes, row_bytes, y, ncols_y, ids_dst, bounds, experts, dst,
-                                          n_out, k_in, n_active, max_cols, s);
+                                          n_out, k_in, n_active, max_cols, splits, partial, s);
         case Q8_0:
             return launch_tn<Q8_0, false>(tn, w, expert_bytes, row_bytes, y, ncols_y, ids_dst, bounds, experts, dst,
-                                          n_out, k_in, n_active, max_cols, s);
+                                          n_out, k_in, n_active, max_cols, splits, partial, s);
         default:
             return 1;
     }

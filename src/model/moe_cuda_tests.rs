@@ -4,7 +4,9 @@
 //! tools/device_tiled_check.sh and tools/device_decode_check.sh.
 
 use super::*;
-use crate::model::q8_cuda::{int8_dense, int8_tile, Q8Kernel, INT8_DENSE_TOKENS};
+use crate::model::q8_cuda::{
+    dense_on_int8, int8_dense, int8_tile, split_count, Q8Kernel, INT8_DENSE_TOKENS,
+};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, IndexOp, Tensor};
 
@@ -229,5 +231,37 @@ fn the_int8_dense_matmul_equals_candles_mmq() -> Result<()> {
         int8_dense(&small, &x)?.is_none(),
         "a 3-block grid was taken"
     );
+    Ok(())
+}
+
+/// Split-K on the int8 kernel (`GLMCHECK_Q8_DENSE=splitk`: each split sums its share of the k
+/// steps, a second launch adds the splits in order) against candle's own quantized matmul: small
+/// grids, 1 to 5 splits asked (5 over 6 steps runs as 3 shares of 2: no split without steps), 9
+/// and 16 tokens, Q4_K, Q6_K, Q8_0. A split that dropped or doubled a share would be off by
+/// ~1/splits.
+#[test]
+fn split_k_on_the_int8_kernel_equals_candles_mmq() -> Result<()> {
+    let Ok(dev) = Device::new_cuda(0) else {
+        eprintln!("no CUDA device: skipped");
+        return Ok(());
+    };
+    assert_eq!(split_count(9, 24, 132), 24); // kv_a: 9 blocks, capped at one step per split
+    assert_eq!(split_count(96, 64, 132), 3); // o_proj
+    assert_eq!(split_count(2420, 24, 132), 1); // lm_head
+    let (out, inp) = (192usize, 6 * 256usize);
+    let w = Tensor::randn(0f32, 1.0, (out, inp), &Device::Cpu)?;
+    for qt in [GgmlDType::Q4K, GgmlDType::Q6K, GgmlDType::Q8_0] {
+        let q = QTensor::quantize_onto(&w, qt, &dev)?;
+        for t in [9usize, 16] {
+            let x = Tensor::randn(0f32, 1.0, (t, inp), &dev)?;
+            let want = x.apply_op1_no_bwd(&q)?.to_device(&Device::Cpu)?;
+            for splits in 1..=5 {
+                let got = dense_on_int8(&q, &x, splits)?.to_device(&Device::Cpu)?;
+                let err = rel_l2(&got, &want)?;
+                eprintln!("{qt:?} t={t} splits={splits}: rel-L2 {err:.2e}");
+                assert!(err < 1e-5, "{qt:?} t={t} splits={splits}: rel-L2 {err:.2e}");
+            }
+        }
+    }
     Ok(())
 }

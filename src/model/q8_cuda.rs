@@ -62,6 +62,8 @@ extern "C" {
         k_in: i32,
         n_active: i32,
         max_cols: i32,
+        splits: i32,
+        partial: *mut f32,
         stream: *mut std::ffi::c_void,
     ) -> i32;
     fn glmcheck_q8_moe_type(ggml_type: i32) -> i32;
@@ -112,11 +114,35 @@ impl Grouping {
         by_token: bool,
         kernel: Q8Kernel,
     ) -> Result<Tensor> {
+        self.grouped(w, x, by_token, kernel, 1)
+    }
+
+    /// [`Grouping::matmul`] by the int8 kernel with its k steps split `splits` ways (split-K:
+    /// partial sums per split, added in split order by a second launch).
+    pub(crate) fn matmul_split(
+        &self,
+        w: &QTensor,
+        x: &Tensor,
+        by_token: bool,
+        splits: usize,
+    ) -> Result<Tensor> {
+        self.grouped(w, x, by_token, Q8Kernel::Int8, splits)
+    }
+
+    fn grouped(
+        &self,
+        w: &QTensor,
+        x: &Tensor,
+        by_token: bool,
+        kernel: Q8Kernel,
+        splits: usize,
+    ) -> Result<Tensor> {
         let op = GroupedMatmul {
             w,
             g: self,
             by_token,
             kernel,
+            splits: splits.max(1),
         };
         x.contiguous()?.apply_op2_no_bwd(&self.table, &op)
     }
@@ -127,6 +153,8 @@ struct GroupedMatmul<'a> {
     g: &'a Grouping,
     by_token: bool,
     kernel: Q8Kernel,
+    /// k split this many ways (int8 kernel only; 1: no split).
+    splits: usize,
 }
 
 /// The Q8_1 activation quantizers candle-kernels exports (one per scale layout).
@@ -192,6 +220,9 @@ struct Launch {
     max_rows: usize,
     tile: usize,
     stride_expert: usize,
+    /// Split-K ways and the partial sums' buffer (`splits · rows · out` f32; null for 1).
+    splits: usize,
+    partial: *mut f32,
     /// (compute capability, warp size)
     device: (i32, i32),
     stream: *mut std::ffi::c_void,
@@ -217,6 +248,9 @@ impl GroupedMatmul<'_> {
     fn multiply(&self, l: &Launch) -> Result<()> {
         let (ggml_type, qk) = kernel_type(self.w.dtype()).unwrap_or((-1, 1));
         let int8 = self.kernel.int8_type(self.w);
+        if int8.is_none() && l.splits > 1 {
+            candle_core::bail!("grouped MoE matmul: split-K needs the int8 kernel")
+        }
         let block_bytes = self.w.dtype().type_size();
         let rc = unsafe {
             match int8 {
@@ -236,6 +270,8 @@ impl GroupedMatmul<'_> {
                     l.inp as i32,
                     l.active as i32,
                     l.max_rows as i32,
+                    l.splits as i32,
+                    l.partial,
                     l.stream,
                 ),
                 None => glmcheck_moe_mmq(
@@ -348,6 +384,13 @@ impl CustomOp2 for GroupedMatmul<'_> {
         let dst = unsafe { dev.alloc::<f32>(rows * out)? };
         let (dst_ptr, _gd) = dst.device_ptr(&stream);
         let w_ptr = self.w.device_ptr()?;
+        // Split-K's partial sums: one [rows, out] per split.
+        let partial = if self.splits > 1 {
+            Some(unsafe { dev.alloc::<f32>(self.splits * rows * out)? })
+        } else {
+            None
+        };
+        let partial_ptr = partial.as_ref().map(|p| p.device_ptr(&stream));
 
         let quantize = quantizer(self.w.dtype());
         unsafe {
@@ -381,10 +424,14 @@ impl CustomOp2 for GroupedMatmul<'_> {
             max_rows: g.max_rows(),
             tile: g.tile_width(),
             stride_expert,
+            splits: self.splits,
+            partial: partial_ptr
+                .as_ref()
+                .map_or(std::ptr::null_mut(), |(p, _)| *p as *mut f32),
             device: (cc, warp),
             stream: stream_ptr,
         })?;
-        drop((_gd, _gq, _gx, _gt));
+        drop((_gd, _gq, _gx, _gt, partial_ptr));
         Ok((CudaStorage::wrap_cuda_slice(dst, dev), (rows, out).into()))
     }
 }
@@ -400,25 +447,48 @@ pub(crate) const INT8_DENSE_TOKENS: std::ops::RangeInclusive<usize> = 9..=16;
 /// multiple of 256 and `out / 64` (the kernel's blocks: it has no split-K, each block walks the
 /// whole `in`) at least twice the device's SMs, and not `GLMCHECK_Q8_DENSE=candle` (candle's
 /// kernels for every dense matmul, to cross-check; `=all` drops the grid condition, to measure
-/// it). At GLM-5's sizes that is lm_head alone: the other projections have 9 to 256 blocks of 64
+/// it; `=splitk` drops it and splits k over enough blocks to fill the GPU: not yet measured). At GLM-5's sizes that is lm_head alone: the other projections have 9 to 256 blocks of 64
 /// rows, and on the int8 kernel they took twice candle's stream-k MMQ (H200: 1.02 against 0.54 ms
 /// per 16-token forward; `reports/gpu-moe.md`, H2). The same arithmetic as llama.cpp's MMQ (see
 /// `cuda/q8_moe.cu`). → f32 `[T, out]`.
 pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
     let choice = std::env::var_os("GLMCHECK_Q8_DENSE");
     let forced_off = choice.as_ref().is_some_and(|v| v == "candle");
-    let any_grid = choice.as_ref().is_some_and(|v| v == "all");
+    let split = choice.as_ref().is_some_and(|v| v == "splitk");
+    let any_grid = split || choice.as_ref().is_some_and(|v| v == "all");
     let t = x.dim(0)?;
     let candle_core::Device::Cuda(dev) = x.device() else {
         return Ok(None);
     };
+    let &[out, inp] = w.shape().dims() else {
+        return Ok(None);
+    };
+    let sms = sm_count(dev)?;
     let applies = x.dtype() == DType::F32
         && INT8_DENSE_TOKENS.contains(&t)
-        && matches!(w.shape().dims(), &[out, inp] if inp.is_multiple_of(256) && (any_grid || out / 64 >= 2 * sm_count(dev)?))
+        && inp.is_multiple_of(256)
+        && (any_grid || out / 64 >= 2 * sms)
         && Q8Kernel::Int8.int8_type(w).is_some();
     if forced_off || !applies {
         return Ok(None);
     }
+    let splits = if split {
+        split_count(out / 64, inp / 256, sms)
+    } else {
+        1
+    };
+    dense_on_int8(w, x, splits).map(Some)
+}
+
+/// Split-K ways for a grid of `blocks` row blocks and `steps` k steps of 256: enough for twice
+/// the SMs' worth of blocks, at least one step per split.
+pub(crate) fn split_count(blocks: usize, steps: usize, sms: usize) -> usize {
+    (2 * sms).div_ceil(blocks.max(1)).clamp(1, steps.max(1))
+}
+
+/// `x · Wᵀ` by the int8 kernel (a one-expert stack, all `T` rows), k split `splits` ways.
+pub(crate) fn dense_on_int8(w: &QTensor, x: &Tensor, splits: usize) -> Result<Tensor> {
+    let t = x.dim(0)?;
     IDENTITY.with(|cell| {
         let mut cell = cell.borrow_mut();
         let fresh = match cell.as_ref() {
@@ -429,8 +499,8 @@ pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
             *cell = Some(Grouping::identity(t, x.device())?);
         }
         match cell.as_ref() {
-            Some(g) => g.matmul_with(w, x, true, Q8Kernel::Int8).map(Some),
-            None => Ok(None),
+            Some(g) => g.matmul_split(w, x, true, splits),
+            None => candle_core::bail!("int8 dense matmul: no grouping"),
         }
     })
 }
