@@ -444,12 +444,13 @@ pub(crate) const INT8_DENSE_TOKENS: std::ops::RangeInclusive<usize> = 9..=16;
 
 /// `x · Wᵀ` for a dense quantized `w` `[out, in]` by the int8 kernel, when it applies: x f32
 /// `[T, in]` on CUDA with T in [`INT8_DENSE_TOKENS`], a Q4_K, Q6_K or Q8_0 weight with `in` a
-/// multiple of 256 and `out / 64` (the kernel's blocks: it has no split-K, each block walks the
-/// whole `in`) at least twice the device's SMs, and not `GLMCHECK_Q8_DENSE=candle` (candle's
-/// kernels for every dense matmul, to cross-check; `=all` drops the grid condition, to measure
-/// it; `=splitk` drops it and splits k over enough blocks to fill the GPU: not yet measured). At GLM-5's sizes that is lm_head alone: the other projections have 9 to 256 blocks of 64
-/// rows, and on the int8 kernel they took twice candle's stream-k MMQ (H200: 1.02 against 0.54 ms
-/// per 16-token forward; `reports/gpu-moe.md`, H2). The same arithmetic as llama.cpp's MMQ (see
+/// multiple of 256 and `out / 64` (the kernel's blocks, each walking the whole `in`) at least twice
+/// the device's SMs. At GLM-5's sizes that is lm_head alone: the other projections have 9 to 256
+/// blocks of 64 rows, and on the int8 kernel they took twice candle's stream-k MMQ (H200: 1.02
+/// against 0.54 ms per 16-token forward; `reports/gpu-moe.md`, H2). `GLMCHECK_Q8_DENSE=candle`
+/// keeps candle's kernels for every dense matmul (to cross-check); `=all` drops the grid condition
+/// (to measure it); `=splitk` drops it and splits k over enough blocks to fill the GPU
+/// ([`split_count`]; not yet measured). The same arithmetic as llama.cpp's MMQ (see
 /// `cuda/q8_moe.cu`). → f32 `[T, out]`.
 pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
     let choice = std::env::var_os("GLMCHECK_Q8_DENSE");
