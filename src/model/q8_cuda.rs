@@ -458,19 +458,20 @@ pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
     let split = choice.as_ref().is_some_and(|v| v == "splitk");
     let any_grid = split || choice.as_ref().is_some_and(|v| v == "all");
     let t = x.dim(0)?;
-    let candle_core::Device::Cuda(dev) = x.device() else {
+    let (&[out, inp], candle_core::Device::Cuda(dev)) = (w.shape().dims(), x.device()) else {
         return Ok(None);
     };
-    let &[out, inp] = w.shape().dims() else {
+    // The cheap conditions first: every q8 dense matmul of the forward passes here.
+    if forced_off
+        || x.dtype() != DType::F32
+        || !INT8_DENSE_TOKENS.contains(&t)
+        || !inp.is_multiple_of(256)
+        || Q8Kernel::Int8.int8_type(w).is_none()
+    {
         return Ok(None);
-    };
+    }
     let sms = sm_count(dev)?;
-    let applies = x.dtype() == DType::F32
-        && INT8_DENSE_TOKENS.contains(&t)
-        && inp.is_multiple_of(256)
-        && (any_grid || out / 64 >= 2 * sms)
-        && Q8Kernel::Int8.int8_type(w).is_some();
-    if forced_off || !applies {
+    if !any_grid && out / 64 < 2 * sms {
         return Ok(None);
     }
     let splits = if split {
@@ -492,17 +493,11 @@ pub(crate) fn dense_on_int8(w: &QTensor, x: &Tensor, splits: usize) -> Result<Te
     let t = x.dim(0)?;
     IDENTITY.with(|cell| {
         let mut cell = cell.borrow_mut();
-        let fresh = match cell.as_ref() {
-            Some(g) => g.rows != t || !g.table.device().same_device(x.device()),
-            None => true,
+        let g = match cell.take() {
+            Some(g) if g.rows == t && g.table.device().same_device(x.device()) => cell.insert(g),
+            _ => cell.insert(Grouping::identity(t, x.device())?),
         };
-        if fresh {
-            *cell = Some(Grouping::identity(t, x.device())?);
-        }
-        match cell.as_ref() {
-            Some(g) => g.matmul_split(w, x, true, splits),
-            None => candle_core::bail!("int8 dense matmul: no grouping"),
-        }
+        g.matmul_split(w, x, true, splits)
     })
 }
 
