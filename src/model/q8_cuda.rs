@@ -450,11 +450,17 @@ pub(crate) const INT8_DENSE_TOKENS: std::ops::RangeInclusive<usize> = 9..=16;
 /// against 0.54 ms per 16-token forward; `reports/gpu-moe.md`, H2). `GLMCHECK_Q8_DENSE=candle`
 /// keeps candle's kernels for every dense matmul (to cross-check); `=all` drops the grid condition
 /// (to measure it); `=splitk` drops it and splits k over enough blocks to fill the GPU
-/// ([`split_count`]; not yet measured). The same arithmetic as llama.cpp's MMQ (see
+/// ([`split_count`]); `=narrow` splits k only for grids of at most [`NARROW_BLOCKS`] row blocks
+/// and leaves the rest as the default does. Measured on an H200 (ncu, 16 tokens, per forward):
+/// split-K takes GLM-5's indexer `wk` (2 blocks, Q8_0) from 54 to 14 µs and `kv_a_proj_with_mqa`
+/// (9 blocks) from 32 to 15 µs (candle's stream-k fixup is most of their time), `q_a_proj` and the
+/// shared experts' gate/up (32 blocks) from 25 to 20 µs, and gains 3 µs or nothing on wider grids
+/// (the dense MLP's down_proj, 96 blocks: 53 → 60). The same arithmetic as llama.cpp's MMQ (see
 /// `cuda/q8_moe.cu`). → f32 `[T, out]`.
 pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
     let choice = std::env::var_os("GLMCHECK_Q8_DENSE");
     let forced_off = choice.as_ref().is_some_and(|v| v == "candle");
+    let narrow = choice.as_ref().is_some_and(|v| v == "narrow");
     let split = choice.as_ref().is_some_and(|v| v == "splitk");
     let any_grid = split || choice.as_ref().is_some_and(|v| v == "all");
     let t = x.dim(0)?;
@@ -471,16 +477,22 @@ pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
         return Ok(None);
     }
     let sms = sm_count(dev)?;
-    if !any_grid && out / 64 < 2 * sms {
+    let narrow = narrow && out / 64 <= NARROW_BLOCKS;
+    if !any_grid && !narrow && out / 64 < 2 * sms {
         return Ok(None);
     }
-    let splits = if split {
+    let splits = if split || narrow {
         split_count(out / 64, inp / 256, sms)
     } else {
         1
     };
     dense_on_int8(w, x, splits).map(Some)
 }
+
+/// `GLMCHECK_Q8_DENSE=narrow` splits k for dense grids of at most this many blocks of 64 rows
+/// (out ≤ 2048: GLM-5's q_a_proj, kv_a_proj_with_mqa, the indexer's wk, the shared experts'
+/// gate/up).
+pub(crate) const NARROW_BLOCKS: usize = 32;
 
 /// Split-K ways for a grid of `blocks` row blocks and `steps` k steps of 256: enough for twice
 /// the SMs' worth of blocks, at least one step per split.
