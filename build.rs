@@ -3,8 +3,8 @@
 //! experts of a stack decoded in one launch by candle-kernels' own dequantize kernels) and
 //! `cuda/dequant_gemm.cu` (dequant mode's tiled kernel: blocks decoded in shared memory and
 //! multiplied there) and `cuda/q8_moe.cu` (q8 mode's experts on int8 tensor cores, fragments built
-//! from the raw blocks) and `cuda/rope.cu` (RoPE with transformers' per-op roundings) with nvcc
-//! into a static library.
+//! from the raw blocks) and `cuda/rope.cu` (RoPE with transformers' per-op roundings) and
+//! `cuda/q8_quantize.cu` (q8 mode's Q8_1 quantizer reading bf16) with nvcc into a static library.
 //! Without the feature this does nothing: CI and the README's commands never need nvcc.
 //!
 //! Environment: `CUDA_COMPUTE_CAP` (default 90), nvcc from `$CUDA_HOME/bin` or `PATH`, and
@@ -22,6 +22,7 @@ fn main() {
     println!("cargo::rerun-if-changed=cuda/dequant_gemm.cu");
     println!("cargo::rerun-if-changed=cuda/q8_moe.cu");
     println!("cargo::rerun-if-changed=cuda/rope.cu");
+    println!("cargo::rerun-if-changed=cuda/q8_quantize.cu");
     println!("cargo::rerun-if-changed=cuda/gguf_blocks.cuh");
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo::rerun-if-env-changed=GLMCHECK_MMQ_INCLUDE");
@@ -50,6 +51,7 @@ fn build_moe_kernel() -> Result<(), String> {
         ("cuda/dequant_gemm.cu", &kernels_src),
         ("cuda/q8_moe.cu", &kernels_src),
         ("cuda/rope.cu", &kernels_src),
+        ("cuda/q8_quantize.cu", &kernels_src),
     ];
     let mut jobs = Vec::new();
     for (src, inc) in sources {

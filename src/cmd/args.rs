@@ -326,6 +326,8 @@ impl DeviceArg {
                 #[cfg(feature = "cuda")]
                 crate::model::moe_cuda::keep_freed_memory(&device)
                     .map_err(|e| super::CmdError::Device(self.to_string(), e.to_string()))?;
+                #[cfg(feature = "cuda")]
+                crate::model::moe_cuda::skip_event_tracking(&device);
                 Ok(device)
             }
         }

@@ -267,14 +267,19 @@ impl Linear {
 /// `x · Wᵀ` by the quantized kernels llama.cpp computes with: the activations quantized to Q8_1,
 /// integer dot products per block (candle's MMVQ/MMQ; on CUDA, 9 to 16 tokens of a Q4_K, Q6_K or
 /// Q8_0 weight with enough rows to fill the GPU — lm_head — by glmcheck's int8 kernel, MMQ's
-/// arithmetic: `q8_cuda::int8_dense`). They are fed f32 and the result is cast back to `x`'s
-/// dtype.
+/// arithmetic: `q8_cuda::int8_dense`; bf16 activations of more than 8 tokens quantized straight
+/// from bf16: `q8_dense_cuda`). The result is cast back to `x`'s dtype.
 pub fn q8_matmul(q: &QTensor, x: &Tensor) -> Result<Tensor> {
-    let xf = x.to_dtype(DType::F32)?.contiguous()?;
     #[cfg(feature = "cuda")]
-    if let Some(y) = super::q8_cuda::int8_dense(q, &xf)? {
+    if x.device().is_cuda() {
+        let xq = super::q8_cuda::q8_input(x)?;
+        let y = match super::q8_dense_cuda::dense_q8(q, &xq)? {
+            Some(y) => y,
+            None => xq.to_dtype(DType::F32)?.apply_op1_no_bwd(q)?,
+        };
         return y.to_dtype(x.dtype());
     }
+    let xf = x.to_dtype(DType::F32)?.contiguous()?;
     xf.apply_op1_no_bwd(q)?.to_dtype(x.dtype())
 }
 

@@ -28,6 +28,8 @@ pub mod parallel;
 #[cfg(feature = "cuda")]
 pub mod q8_cuda;
 #[cfg(feature = "cuda")]
+pub(crate) mod q8_dense_cuda;
+#[cfg(feature = "cuda")]
 pub mod rope_cuda;
 pub mod source;
 

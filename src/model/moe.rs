@@ -333,7 +333,7 @@ fn weighted_sum(
 impl Experts {
     /// q8 mode on CUDA: every expert that has tokens runs once over all of them, in one grouped
     /// launch per projection (`q8_cuda`: the int8 kernel or llama.cpp's MMQ, activations
-    /// quantized to Q8_1 as llama.cpp's kernels do, f32 out); the outputs are weighted in f32 and summed over the k slots. The
+    /// quantized to Q8_1 as llama.cpp's kernels do (from bf16 as they are), f32 out); the outputs are weighted in f32 and summed over the k slots. The
     /// routing is read back to group the rows (a device sync per MoE layer).
     fn fused(
         &self,
@@ -343,10 +343,10 @@ impl Experts {
         capture: &mut dyn Capture,
     ) -> Result<Tensor> {
         let (t, hidden) = x.dims2()?;
-        let xf = x.to_dtype(DType::F32)?.contiguous()?; // [T, hidden]
+        let xq = super::q8_cuda::q8_input(x)?; // [T, hidden], bf16 or f32
         let grouping = super::grouping::Grouping::new(&r.indices, self.gate.len()?)?;
-        let act = grouping.matmul(g, &xf, true)?.silu()?; // [T·k, inter]
-        let up = grouping.matmul(u, &xf, true)?;
+        let act = grouping.matmul(g, &xq, true)?.silu()?; // [T·k, inter]
+        let up = grouping.matmul(u, &xq, true)?;
         let y = grouping.matmul(d, &(&act * up)?, false)?; // [T·k, hidden]
         let k = r.indices.dim(1)?;
         let act_path = sub(&self.path, conv::ACT);

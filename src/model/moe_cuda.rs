@@ -289,6 +289,24 @@ impl CustomOp1 for DequantExperts<'_> {
     }
 }
 
+/// Turns off cudarc's per-allocation event tracking for tensors created from now on. cudarc gives
+/// every device allocation a read and a write event (two `cuEventCreate` at allocation, two
+/// `cuEventDestroy` when freed) but records and waits on them only once the context has a second
+/// stream (`new_stream`), which neither candle's `Device::new_cuda` (the per-thread default
+/// stream) nor glmcheck creates: the events order nothing here, and each q8 forward op paid four
+/// driver calls for them on the host, where the short forwards are launch-bound.
+/// `GLMCHECK_EVENT_TRACKING=on` keeps them (to measure the difference).
+pub fn skip_event_tracking(device: &candle_core::Device) {
+    let candle_core::Device::Cuda(dev) = device else {
+        return;
+    };
+    if std::env::var_os("GLMCHECK_EVENT_TRACKING").is_some_and(|v| v == "on") {
+        return;
+    }
+    // SAFETY: one stream per device (see above): no cross-stream use for the events to order.
+    unsafe { dev.disable_event_tracking() }
+}
+
 /// Keeps memory freed to the device's default pool instead of returning it to the driver at every
 /// synchronisation (the pool's release threshold, 0 by default, raised to "never"). The forward
 /// frees and re-allocates the same large temporaries each layer (dequant mode: a decoded lm_head

@@ -265,3 +265,68 @@ fn split_k_on_the_int8_kernel_equals_candles_mmq() -> Result<()> {
     }
     Ok(())
 }
+
+/// glmcheck's bf16 Q8_1 quantizer (`cuda/q8_quantize.cu`) writes the blocks candle-kernels' f32
+/// quantizer writes from the same values cast to f32 (bf16 → f32 is exact): every q8 route fed bf16
+/// gives the bits it gives fed f32. Dense (`q8_dense_cuda::dense_q8`, against candle's own
+/// quantized matmul of the f32 cast, or the int8 kernel fed f32 where it runs): all three scale
+/// layouts (Q4_0/Q4_K DS4, Q8_0/Q5_0/Q6_K D4, Q2_K D2S6), the MMQ route (12 and 40 tokens) and the
+/// int8 kernel (12 and 16 tokens of a grid it takes), 768 inputs (rows padded to 1024). Grouped
+/// experts (`Grouping::matmul`, the row gather by token and by slot): the int8 kernel and MMQ.
+#[test]
+fn the_bf16_quantizer_gives_the_f32_casts_bits() -> Result<()> {
+    let Ok(dev) = Device::new_cuda(0) else {
+        eprintln!("no CUDA device: skipped");
+        return Ok(());
+    };
+    let same = |a: &Tensor, b: &Tensor, what: &str| -> Result<()> {
+        let diff = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        eprintln!("{what}: max |diff| {diff:e}");
+        assert!(diff == 0.0, "{what}: max |diff| {diff:e}");
+        Ok(())
+    };
+    let inp = 768usize;
+    for (qt, out) in [
+        (GgmlDType::Q4_0, 256usize),
+        (GgmlDType::Q4K, 256),
+        (GgmlDType::Q8_0, 256),
+        (GgmlDType::Q5_0, 256),
+        (GgmlDType::Q6K, 256),
+        (GgmlDType::Q2K, 256),
+        (GgmlDType::Q4K, 64 * 2 * 256), // the int8 kernel's grid at 16 tokens
+    ] {
+        let w = Tensor::randn(0f32, 1.0, (out, inp), &Device::Cpu)?;
+        let q = QTensor::quantize_onto(&w, qt, &dev)?;
+        for t in [12usize, 16, 40] {
+            let x = Tensor::randn(0f32, 1.0, (t, inp), &dev)?.to_dtype(candle_core::DType::BF16)?;
+            let Some(got) = crate::model::q8_dense_cuda::dense_q8(&q, &x)? else {
+                panic!("{qt:?} out={out} t={t}: no glmcheck route for bf16")
+            };
+            // The f32 route the same weight and token count take: the int8 kernel or candle's.
+            let xf = x.to_dtype(candle_core::DType::F32)?;
+            let want = match int8_dense(&q, &xf)? {
+                Some(y) => y,
+                None => xf.apply_op1_no_bwd(&q)?,
+            };
+            same(&got, &want, &format!("dense {qt:?} out={out} t={t}"))?;
+        }
+    }
+    let (e, out, k) = (4usize, 128usize, 2usize);
+    let w = Tensor::randn(0f32, 1.0, (e, out, inp), &Device::Cpu)?;
+    for qt in [GgmlDType::Q4K, GgmlDType::Q6K, GgmlDType::Q5_0] {
+        let q = QTensor::quantize_onto(&w, qt, &dev)?;
+        let t = 20usize;
+        let ids: Vec<u32> = (0..t)
+            .flat_map(|i| [(i % e) as u32, ((i + 1) % e) as u32])
+            .collect();
+        let g = Grouping::new(&Tensor::from_vec(ids, (t, k), &dev)?, e)?;
+        for by_token in [true, false] {
+            let n = if by_token { t } else { t * k };
+            let x = Tensor::randn(0f32, 1.0, (n, inp), &dev)?.to_dtype(candle_core::DType::BF16)?;
+            let got = g.matmul(&q, &x, by_token)?;
+            let want = g.matmul(&q, &x.to_dtype(candle_core::DType::F32)?, by_token)?;
+            same(&got, &want, &format!("experts {qt:?} by_token={by_token}"))?;
+        }
+    }
+    Ok(())
+}

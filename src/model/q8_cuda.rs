@@ -12,7 +12,7 @@
 //! expert 0, where the int8 kernel beats candle's MMQ (`linear::q8_matmul`).
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{sys, DevicePtr};
+use candle_core::cuda_backend::cudarc::driver::{sys, CudaStream, DevicePtr, SyncOnDrop};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
@@ -67,6 +67,17 @@ extern "C" {
         stream: *mut std::ffi::c_void,
     ) -> i32;
     fn glmcheck_q8_moe_type(ggml_type: i32) -> i32;
+    fn glmcheck_quantize_q8_1_bf16(
+        layout: i32,
+        x: *const std::ffi::c_void,
+        ids: *const i32,
+        vy: *mut std::ffi::c_void,
+        ne00: i64,
+        s01: i64,
+        ne0: i64,
+        ne1: i64,
+        stream: *mut std::ffi::c_void,
+    ) -> i32;
 }
 
 /// Which kernel multiplies q8 mode's experts: glmcheck's int8 tensor-core kernel
@@ -99,7 +110,7 @@ impl Q8Kernel {
 }
 
 impl Grouping {
-    /// `w` `[E, out, in]` (quantized) applied to rows of `x` (f32 `[_, in]`): for every grouped
+    /// `w` `[E, out, in]` (quantized) applied to rows of `x` (f32 or bf16 `[_, in]`): for every grouped
     /// row j, expert `experts(j)` times `x[tokens[j]]` (`by_token`) or `x[slots[j]]`, written to
     /// output row `slots[j]`. → f32 `[T·k, out]`.
     pub fn matmul(&self, w: &QTensor, x: &Tensor, by_token: bool) -> Result<Tensor> {
@@ -157,7 +168,7 @@ struct GroupedMatmul<'a> {
     splits: usize,
 }
 
-/// The Q8_1 activation quantizers candle-kernels exports (one per scale layout).
+/// The Q8_1 activation quantizers candle-kernels exports (one per scale layout, f32 input).
 type Quantizer = unsafe extern "C" fn(
     *const std::ffi::c_void,
     *const i32,
@@ -174,16 +185,72 @@ type Quantizer = unsafe extern "C" fn(
     *mut std::ffi::c_void,
 );
 
-/// candle-kernels' Q8_1 quantizer for the activations, in the scale layout llama.cpp's MMQ pairs
-/// with the weight type (`mmq_get_q8_1_ds_layout`).
-fn quantizer(t: GgmlDType) -> Quantizer {
-    use candle_kernels::ffi;
+/// The Q8_1 scale layout llama.cpp's MMQ pairs with the weight type (`mmq_get_q8_1_ds_layout`):
+/// 0 D4, 1 DS4, 2 D2S6.
+fn ds_layout(t: GgmlDType) -> i32 {
     match t {
-        GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q5_1 | GgmlDType::Q4K | GgmlDType::Q5K => {
-            ffi::launch_mmq_quantize_q8_1_DS4
+        GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q5_1 | GgmlDType::Q4K | GgmlDType::Q5K => 1,
+        GgmlDType::Q2K => 2,
+        _ => 0,
+    }
+}
+
+/// Activations as the q8 kernels are given them: bf16 as they are (the quantizer reads bf16,
+/// `cuda/q8_quantize.cu`), any other dtype cast to f32; contiguous. `GLMCHECK_Q8_INPUT=f32` casts
+/// bf16 to f32 too, as before the bf16 quantizer (the same blocks, one launch more per matmul: to
+/// measure the difference).
+pub(crate) fn q8_input(x: &Tensor) -> Result<Tensor> {
+    let cast = std::env::var_os("GLMCHECK_Q8_INPUT").is_some_and(|v| v == "f32");
+    if x.dtype() == DType::BF16 && !cast {
+        x.contiguous()
+    } else {
+        x.to_dtype(DType::F32)?.contiguous()
+    }
+}
+
+/// Quantizes activation rows into llama.cpp's `block_q8_1_mmq` layout for weight type `w`: `rows`
+/// rows of `inp` values from `x` (f32 by candle-kernels' quantizer, bf16 by glmcheck's, the same
+/// blocks), row `ids[i]` (or i with null `ids`), padded with zeros to `padded` values, at `q8`.
+///
+/// # Safety
+/// `x`, `ids`, `q8` are device addresses on `stream` holding what the sizes say.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn quantize_rows(
+    dtype: DType,
+    x: u64,
+    ids: *const i32,
+    q8: u64,
+    w: GgmlDType,
+    (inp, padded, rows): (usize, usize, usize),
+    stream: *mut std::ffi::c_void,
+) -> Result<()> {
+    let x = x as *const std::ffi::c_void;
+    let q8 = q8 as *mut std::ffi::c_void;
+    let layout = ds_layout(w);
+    match dtype {
+        DType::F32 => {
+            use candle_kernels::ffi;
+            let f: Quantizer = match layout {
+                1 => ffi::launch_mmq_quantize_q8_1_DS4,
+                2 => ffi::launch_mmq_quantize_q8_1_D2S6,
+                _ => ffi::launch_mmq_quantize_q8_1_D4,
+            };
+            let (inp, padded, rows) = (inp as i64, padded as i64, rows as i64);
+            f(x, ids, q8, 0, inp, inp, 0, 0, padded, rows, 1, 1, stream);
+            Ok(())
         }
-        GgmlDType::Q2K => ffi::launch_mmq_quantize_q8_1_D2S6,
-        _ => ffi::launch_mmq_quantize_q8_1_D4,
+        DType::BF16 => {
+            let (inp, padded, rows) = (inp as i64, padded as i64, rows as i64);
+            let rc =
+                glmcheck_quantize_q8_1_bf16(layout, x, ids, q8, inp, inp, padded, rows, stream);
+            if rc != 0 {
+                candle_core::bail!(
+                    "the bf16 Q8_1 quantizer refused (code {rc}, {rows} rows of {inp})"
+                )
+            }
+            Ok(())
+        }
+        other => candle_core::bail!("q8 activations in {other:?}: f32 or bf16 only"),
     }
 }
 
@@ -365,9 +432,8 @@ impl CustomOp2 for GroupedMatmul<'_> {
         let stream_ptr = stream.cu_stream() as *mut std::ffi::c_void;
         let (cc, warp) = device_info(stream.context().cu_device())?;
 
-        let x = xs.as_cuda_slice::<f32>()?.slice(x0..);
+        let (x_ptr, _gx) = activations(xs, x0, &stream)?;
         let table = ts.as_cuda_slice::<u32>()?.slice(t0..);
-        let (x_ptr, _gx) = x.device_ptr(&stream);
         let (t_ptr, _gt) = table.device_ptr(&stream);
         let Segments {
             tokens,
@@ -392,23 +458,16 @@ impl CustomOp2 for GroupedMatmul<'_> {
         };
         let partial_ptr = partial.as_ref().map(|p| p.device_ptr(&stream));
 
-        let quantize = quantizer(self.w.dtype());
         unsafe {
-            quantize(
-                x_ptr as *const std::ffi::c_void,
+            quantize_rows(
+                xs.dtype(),
+                x_ptr,
                 if self.by_token { tokens } else { slots },
-                q8_ptr as *mut std::ffi::c_void,
-                0,
-                inp as i64,
-                inp as i64,
-                0,
-                0,
-                padded as i64,
-                rows as i64,
-                1,
-                1,
+                q8_ptr,
+                self.w.dtype(),
+                (inp, padded, rows),
                 stream_ptr,
-            );
+            )?;
         }
         self.multiply(&Launch {
             w: w_ptr as *const std::ffi::c_void,
@@ -436,14 +495,34 @@ impl CustomOp2 for GroupedMatmul<'_> {
     }
 }
 
+/// The device address of element `x0` of contiguous f32 or bf16 activations (and the guard that
+/// records their use on `stream`).
+pub(crate) fn activations<'a>(
+    xs: &'a CudaStorage,
+    x0: usize,
+    stream: &'a CudaStream,
+) -> Result<(u64, SyncOnDrop<'a>)> {
+    Ok(match xs.dtype() {
+        DType::F32 => {
+            let (p, g) = xs.as_cuda_slice::<f32>()?.device_ptr(stream);
+            (p + 4 * x0 as u64, g)
+        }
+        DType::BF16 => {
+            let (p, g) = xs.as_cuda_slice::<half::bf16>()?.device_ptr(stream);
+            (p + 2 * x0 as u64, g)
+        }
+        other => candle_core::bail!("q8 activations in {other:?}: f32 or bf16 only"),
+    })
+}
+
 /// q8 mode's dense matmuls from 9 to this many tokens may go to the int8 kernel (one tile: each
 /// weight read once; see [`int8_dense`]); fewer stay on candle's MMVQ (llama.cpp's choice up to 8),
 /// more on candle's MMQ. Measured on an H200 (ncu, lm_head of GLM-5): 0.55 ms against MMQ's 0.66
 /// at 16 tokens, 0.95 against 0.77 at 32 (32-wide tiles: four times the per-block scale work).
 pub(crate) const INT8_DENSE_TOKENS: std::ops::RangeInclusive<usize> = 9..=16;
 
-/// `x · Wᵀ` for a dense quantized `w` `[out, in]` by the int8 kernel, when it applies: x f32
-/// `[T, in]` on CUDA with T in [`INT8_DENSE_TOKENS`], a Q4_K, Q6_K or Q8_0 weight with `in` a
+/// `x · Wᵀ` for a dense quantized `w` `[out, in]` by the int8 kernel, when it applies: x f32 or
+/// bf16 `[T, in]` on CUDA with T in [`INT8_DENSE_TOKENS`], a Q4_K, Q6_K or Q8_0 weight with `in` a
 /// multiple of 256 and `out / 64` (the kernel's blocks, each walking the whole `in`) at least twice
 /// the device's SMs. At GLM-5's sizes that is lm_head alone: the other projections have 9 to 256
 /// blocks of 64 rows, and on the int8 kernel they took twice candle's stream-k MMQ (H200: 1.02
@@ -469,7 +548,7 @@ pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
     };
     // The cheap conditions first: every q8 dense matmul of the forward passes here.
     if forced_off
-        || x.dtype() != DType::F32
+        || !matches!(x.dtype(), DType::F32 | DType::BF16)
         || !INT8_DENSE_TOKENS.contains(&t)
         || !inp.is_multiple_of(256)
         || Q8Kernel::Int8.int8_type(w).is_none()
