@@ -4,7 +4,8 @@
 //! `cuda/dequant_gemm.cu` (dequant mode's tiled kernel: blocks decoded in shared memory and
 //! multiplied there) and `cuda/q8_moe.cu` (q8 mode's experts on int8 tensor cores, fragments built
 //! from the raw blocks) and `cuda/rope.cu` (RoPE with transformers' per-op roundings) and
-//! `cuda/q8_quantize.cu` (q8 mode's Q8_1 quantizer reading bf16) with nvcc into a static library.
+//! `cuda/q8_quantize.cu` (q8 mode's Q8_1 quantizer reading bf16) and `cuda/fused.cu` (the fused
+//! masked softmax and MoE combine) with nvcc into a static library.
 //! Without the feature this does nothing: CI and the README's commands never need nvcc.
 //!
 //! Environment: `CUDA_COMPUTE_CAP` (default 90), nvcc from `$CUDA_HOME/bin` or `PATH`, and
@@ -23,6 +24,8 @@ fn main() {
     println!("cargo::rerun-if-changed=cuda/q8_moe.cu");
     println!("cargo::rerun-if-changed=cuda/rope.cu");
     println!("cargo::rerun-if-changed=cuda/q8_quantize.cu");
+    println!("cargo::rerun-if-changed=cuda/fused.cu");
+    println!("cargo::rerun-if-changed=cuda/elementwise.cuh");
     println!("cargo::rerun-if-changed=cuda/gguf_blocks.cuh");
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo::rerun-if-env-changed=GLMCHECK_MMQ_INCLUDE");
@@ -52,6 +55,7 @@ fn build_moe_kernel() -> Result<(), String> {
         ("cuda/q8_moe.cu", &kernels_src),
         ("cuda/rope.cu", &kernels_src),
         ("cuda/q8_quantize.cu", &kernels_src),
+        ("cuda/fused.cu", &kernels_src),
     ];
     let mut jobs = Vec::new();
     for (src, inc) in sources {

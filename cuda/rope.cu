@@ -9,29 +9,15 @@
 //
 // Built by build.rs with `--features cuda`; declared in src/model/rope_cuda.rs.
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <stdint.h>
+
+#include "elementwise.cuh"
 
 namespace {
 
-template <typename T> __device__ __forceinline__ float up(T v);
-template <> __device__ __forceinline__ float up<float>(float v) { return v; }
-template <> __device__ __forceinline__ float up<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <> __device__ __forceinline__ float up<half>(half v) { return __half2float(v); }
-
-// One operation's f32 result rounded to T (for f32, already rounded by the _rn intrinsic).
-template <typename T> __device__ __forceinline__ float rn(float v);
-template <> __device__ __forceinline__ float rn<float>(float v) { return v; }
-template <> __device__ __forceinline__ float rn<__nv_bfloat16>(float v) {
-    return __bfloat162float(__float2bfloat16_rn(v));
-}
-template <> __device__ __forceinline__ float rn<half>(float v) { return __half2float(__float2half_rn(v)); }
-
-template <typename T> __device__ __forceinline__ T down(float v);
-template <> __device__ __forceinline__ float down<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 down<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ half down<half>(float v) { return __float2half_rn(v); }
+using glmcheck::down;
+using glmcheck::rn;
+using glmcheck::up;
 
 // x, y: [rows, d] contiguous; rows are (token, head) when tokens_first, else (head, token) with
 // t tokens. cos, sin: [t, d/2] in T. One thread per (row, pair).
@@ -69,6 +55,53 @@ int launch(const void * x, const void * cos, const void * sin, void * y, long lo
     return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
 
+// A row-wise rotation inside wider rows, fused with the copies around it: x is [t, heads, width]
+// (tokens first, contiguous); columns [offset, offset + d) of each row are rotated as above (the
+// same roundings, de-interleaved when `interleaved`), the other columns copied. y is [t, heads,
+// width], or [heads, t, width] when `heads_out_first` (MLA's query: q_b's output to the per-head
+// layout attention multiplies). One thread per output value.
+template <typename T>
+__global__ void glmcheck_rope_part_k(const T * __restrict__ x, const T * __restrict__ cos,
+                                     const T * __restrict__ sin, T * __restrict__ y, int t, int heads, int width,
+                                     int offset, int d, int interleaved, int heads_out_first) {
+    const long long idx = (long long) blockIdx.x * blockDim.x + threadIdx.x;
+    const long long rows = (long long) t * heads;
+    if (idx >= rows * width) {
+        return;
+    }
+    const long long r = idx / width; // output row
+    const int c = (int) (idx % width);
+    const int tok = heads_out_first ? (int) (r % t) : (int) (r / heads);
+    const int head = heads_out_first ? (int) (r / t) : (int) (r % heads);
+    const T * xr = x + ((long long) tok * heads + head) * width;
+    const int j = c - offset;
+    if (j < 0 || j >= d) {
+        y[idx] = xr[c];
+        return;
+    }
+    const int half_d = d / 2, i = j < half_d ? j : j - half_d;
+    const T * xp = xr + offset;
+    const float x1 = up<T>(interleaved ? xp[2 * i] : xp[i]);
+    const float x2 = up<T>(interleaved ? xp[2 * i + 1] : xp[i + half_d]);
+    const float cs = up<T>(cos[(long long) tok * half_d + i]), sn = up<T>(sin[(long long) tok * half_d + i]);
+    y[idx] = j < half_d ? down<T>(__fsub_rn(rn<T>(__fmul_rn(x1, cs)), rn<T>(__fmul_rn(x2, sn))))
+                        : down<T>(__fadd_rn(rn<T>(__fmul_rn(x2, cs)), rn<T>(__fmul_rn(x1, sn))));
+}
+
+template <typename T>
+int launch_part(const void * x, const void * cos, const void * sin, void * y, int t, int heads, int width, int offset,
+                int d, int interleaved, int heads_out_first, cudaStream_t stream) {
+    const long long n = (long long) t * heads * width;
+    const long long blocks = (n + 255) / 256;
+    if (blocks > 0x7fffffffLL) {
+        return 2;
+    }
+    glmcheck_rope_part_k<T><<<(unsigned) blocks, 256, 0, stream>>>(
+        (const T *) x, (const T *) cos, (const T *) sin, (T *) y, t, heads, width, offset, d, interleaved,
+        heads_out_first);
+    return cudaGetLastError() == cudaSuccess ? 0 : 3;
+}
+
 } // namespace
 
 // Returns 0 when launched; 1: a dtype it does not take (0 f32, 1 f16, 2 bf16); 2: a shape it does
@@ -83,6 +116,24 @@ extern "C" int glmcheck_rope(int dtype, const void * x, const void * cos, const 
         case 0: return launch<float>(x, cos, sin, y, rows, t, heads, d, tokens_first, interleaved, s);
         case 1: return launch<half>(x, cos, sin, y, rows, t, heads, d, tokens_first, interleaved, s);
         case 2: return launch<__nv_bfloat16>(x, cos, sin, y, rows, t, heads, d, tokens_first, interleaved, s);
+        default: return 1;
+    }
+}
+
+// The same codes as glmcheck_rope; 2 also when [offset, offset + d) is not inside the row.
+extern "C" int glmcheck_rope_part(int dtype, const void * x, const void * cos, const void * sin, void * y, int t,
+                                  int heads, int width, int offset, int d, int interleaved, int heads_out_first,
+                                  void * stream) {
+    if (d <= 0 || d % 2 != 0 || t <= 0 || heads <= 0 || offset < 0 || width <= 0 || offset + d > width) {
+        return 2;
+    }
+    const cudaStream_t s = (cudaStream_t) stream;
+    switch (dtype) {
+        case 0: return launch_part<float>(x, cos, sin, y, t, heads, width, offset, d, interleaved, heads_out_first, s);
+        case 1: return launch_part<half>(x, cos, sin, y, t, heads, width, offset, d, interleaved, heads_out_first, s);
+        case 2:
+            return launch_part<__nv_bfloat16>(x, cos, sin, y, t, heads, width, offset, d, interleaved,
+                                              heads_out_first, s);
         default: return 1;
     }
 }

@@ -7,7 +7,9 @@ use super::capture::{emit, emit_with, Capture};
 use super::indexer::Indexer;
 use super::linear::Linear;
 use super::names::{conv, sub, AttnPaths};
-use super::ops::{additive, one_hot_rows, CausalMask, RmsNorm, Rope, RopeLayout, RopeTables};
+use super::ops::{
+    additive, masked_softmax, one_hot_rows, CausalMask, RmsNorm, Rope, RopeLayout, RopeTables,
+};
 use super::source::{Params, WeightSource};
 use super::{DsaMode, ModelError};
 use crate::arch::glm_dsa::Role;
@@ -119,9 +121,14 @@ impl Mla {
         emit(capture, &p.q_a_norm, &q_resid)?;
         let q = self.q_b.forward(&q_resid)?; // [T, H·qk]
         emit(capture, &p.q_b, &q)?;
-        let q = q.reshape((t, h, qk))?.transpose(0, 1)?; // [H, T, qk]
-        let q_pass = q.narrow(2, 0, self.nope)?;
-        let q_rot = q.narrow(2, self.nope, self.rope_dim)?.contiguous()?;
+        // [T, H, qk] → per head [H, T, qk], the rope part rotated: `[q_pass | rope(q_rot)]`.
+        let query = rope.rotate_part(
+            self.rope_layout,
+            &q.reshape((t, h, qk))?,
+            tables,
+            self.nope,
+            true,
+        )?;
 
         // Keys/values: kv_a → [latent | rope key]; latent → RMSNorm → kv_b, per head [k_nope | v].
         let ckv = self.kv_a.forward(x)?; // [T, kv_lora + rope]
@@ -134,19 +141,13 @@ impl Mla {
         let k_pass = self.kv_a_norm.forward(&kv_pass)?; // [T, kv_lora]
         emit(capture, &p.kv_a_norm, &k_pass)?;
 
-        let q_rot = rope.rotate(self.rope_layout, &q_rot, tables, false)?; // [H, T, rope]
         let k_rot = rope.rotate(self.rope_layout, &k_rot, tables, false)?; // [1, T, rope]
-        let query = Tensor::cat(&[&q_pass, &q_rot], 2)?; // [H, T, qk]
 
         let kv = self.kv_b.forward(&k_pass)?; // [T, H·(nope+v)]
                                               // transformers applies kv_b_proj to a [B, 1, S, kv_lora] view: its output keeps a 1.
         emit_with(capture, &p.kv_b, || kv.unsqueeze(0))?;
-        let kv = kv
-            .reshape((t, h, self.nope + self.v_dim))?
-            .transpose(0, 1)?; // [H, T, nope+v]
-        let k_nope = kv.narrow(2, 0, self.nope)?;
-        let value = kv.narrow(2, self.nope, self.v_dim)?.contiguous()?; // [H, T, v]
-        let key = Tensor::cat(&[&k_nope, &k_rot.broadcast_as((h, t, self.rope_dim))?], 2)?;
+        let (key, value) =
+            self.keys_values(&kv.reshape((t, h, self.nope + self.v_dim))?, &k_rot)?;
 
         // DSA: the keys each query may see.
         let mode = if self.force_dense {
@@ -196,6 +197,22 @@ impl Mla {
         self.attend(x, [query, key, value, k_rot], &allowed, topk, capture)
     }
 
+    /// `kv` `[T, H, nope+v]` (kv_b's output) and the rotated shared key `k_rot` `[1, T, rope]` →
+    /// per head `key` `[H, T, nope+rope]` = `[k_nope | k_rot]` and `value` `[H, T, v]`. On CUDA
+    /// one launch of copies (`fused_cuda::mla_kv`) for the narrows, broadcast and cat.
+    fn keys_values(&self, kv: &Tensor, k_rot: &Tensor) -> Result<(Tensor, Tensor)> {
+        #[cfg(feature = "cuda")]
+        if let Some(kv) = super::fused_cuda::mla_kv(kv, &k_rot.squeeze(0)?, self.nope)? {
+            return Ok(kv);
+        }
+        let (t, h, _) = kv.dims3()?;
+        let kv = kv.transpose(0, 1)?; // [H, T, nope+v]
+        let k_nope = kv.narrow(2, 0, self.nope)?;
+        let value = kv.narrow(2, self.nope, self.v_dim)?.contiguous()?; // [H, T, v]
+        let key = Tensor::cat(&[&k_nope, &k_rot.broadcast_as((h, t, self.rope_dim))?], 2)?;
+        Ok((key, value))
+    }
+
     /// Softmax attention of `query` `[H, T, qk]` over `key` `[H, T, qk]` and `value` `[H, T, v]`
     /// (`k_rot` `[1, T, rope]` only captured) with the additive mask `allowed` `[T, T]` (f32: 0
     /// or `finfo.min`), then o_proj. Eager attention: scores in the compute dtype, mask added and
@@ -217,12 +234,10 @@ impl Mla {
         emit(capture, &sub(&p.module, conv::VALUE_STATES), &value)?;
         emit(capture, &sub(&p.module, conv::K_ROT), &k_rot)?;
 
-        let dtype = x.dtype();
         // Contiguous operands: cuBLAS' batched GEMM takes no arbitrary strides (the CPU gemm does).
         let (query, key) = (query.contiguous()?, key.contiguous()?);
-        let scores = (query.matmul(&key.t()?)? * self.scale)?; // [H, T, T]
-        let scores = scores.to_dtype(DType::F32)?.broadcast_add(allowed)?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(dtype)?;
+        let scores = query.matmul(&key.t()?)?; // [H, T, T]
+        let probs = masked_softmax(&scores, self.scale, allowed)?; // [H, T, T], dtype
         let out = probs.matmul(&value)?; // [H, T, v]
         let out = out.transpose(0, 1)?.reshape((t, h * self.v_dim))?; // [T, H·v]
         let out = self.o.forward(&out)?; // [T, hidden]

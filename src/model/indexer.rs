@@ -94,26 +94,22 @@ impl Indexer {
     ) -> Result<Tensor> {
         let p = &self.paths;
         let (t, _) = x.dims2()?;
-        let pass = self.head_dim - self.rope_dim;
 
         let q = self.wq_b.forward(q_resid)?; // [T, nI·dI]
         emit(capture, &p.wq_b, &q)?;
         let q = q.reshape((t, self.n_heads, self.head_dim))?; // [T, nI, dI]
-        let q_rot = q.narrow(2, 0, self.rope_dim)?;
-        let q_pass = q.narrow(2, self.rope_dim, pass)?;
 
         let k = self.wk.forward(x)?; // [T, dI]
         emit(capture, &p.wk, &k)?;
         let k = self.k_norm.forward(&k)?;
         emit(capture, &p.k_norm, &k)?;
-        let k_rot = k.narrow(1, 0, self.rope_dim)?;
-        let k_pass = k.narrow(1, self.rope_dim, pass)?;
 
-        // Tokens on axis 0 of both (transformers unsqueezes q's head dim into cos/sin).
-        let q_rot = rope.rotate(self.rope_layout, &q_rot, tables, true)?;
-        let k_rot = rope.rotate(self.rope_layout, &k_rot, tables, true)?;
-        let q = Tensor::cat(&[&q_rot, &q_pass], 2)?; // [T, nI, dI]
-        let k = Tensor::cat(&[&k_rot, &k_pass], 1)?; // [T, dI]
+        // `[rope(x_rot) | x_pass]`, tokens on axis 0 of both (transformers unsqueezes q's head dim
+        // into cos/sin).
+        let q = rope.rotate_part(self.rope_layout, &q, tables, 0, false)?; // [T, nI, dI]
+        let k = rope
+            .rotate_part(self.rope_layout, &k.unsqueeze(1)?, tables, 0, false)?
+            .squeeze(1)?; // [T, dI]
         emit(capture, &sub(&p.module, conv::IDX_Q), &q)?;
         emit(capture, &sub(&p.module, conv::IDX_K), &k)?;
 

@@ -14,6 +14,8 @@
 pub mod attention;
 pub mod behaviour;
 pub mod capture;
+#[cfg(feature = "cuda")]
+pub(crate) mod fused_cuda;
 pub mod grouping;
 pub mod indexer;
 pub mod layer;

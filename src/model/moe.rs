@@ -333,8 +333,9 @@ fn weighted_sum(
 impl Experts {
     /// q8 mode on CUDA: every expert that has tokens runs once over all of them, in one grouped
     /// launch per projection (`q8_cuda`: the int8 kernel or llama.cpp's MMQ, activations
-    /// quantized to Q8_1 as llama.cpp's kernels do (from bf16 as they are), f32 out); the outputs are weighted in f32 and summed over the k slots. The
-    /// routing is read back to group the rows (a device sync per MoE layer).
+    /// quantized to Q8_1 as llama.cpp's kernels do (from bf16 as they are), f32 out); the
+    /// outputs are weighted in f32 and summed over the k slots. The routing is read back to group
+    /// the rows (a device sync per MoE layer).
     fn fused(
         &self,
         [g, u, d]: [&Arc<QTensor>; 3],
@@ -362,8 +363,12 @@ impl Experts {
                 )?;
             }
         }
-        y.reshape((t, k, hidden))?
-            .broadcast_mul(&r.weights.unsqueeze(2)?)?
+        let y = y.reshape((t, k, hidden))?;
+        // One launch for candle's multiply → sum → cast, same roundings (`fused_cuda`).
+        if let Some(out) = super::fused_cuda::slot_sum(&y, &r.weights, x.dtype())? {
+            return Ok(out);
+        }
+        y.broadcast_mul(&r.weights.unsqueeze(2)?)?
             .sum(1)?
             .to_dtype(x.dtype())
     }

@@ -212,6 +212,64 @@ impl Rope {
         };
         y.reshape(dims)
     }
+
+    /// `x` `[T, heads, width]` (tokens first) with columns `offset..offset + d` rotated as
+    /// [`Rope::rotate`] rotates them and the rest kept: `cat(x[.., ..offset], rot, x[.., offset +
+    /// d..])`, `[T, heads, width]`, or `[heads, T, width]` when `heads_out_first` (MLA's query:
+    /// per head, `[nope | rope]`). On CUDA one launch with the same roundings
+    /// (`rope_cuda::rotate_part`, tested bit for bit against this chain).
+    pub fn rotate_part(
+        &self,
+        layout: RopeLayout,
+        x: &Tensor,
+        tables: &RopeTables,
+        offset: usize,
+        heads_out_first: bool,
+    ) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() && super::fused_cuda::enabled() {
+            let cos = tables.cos.to_dtype(x.dtype())?;
+            let sin = tables.sin.to_dtype(x.dtype())?;
+            let interleaved = matches!(layout, RopeLayout::Interleaved);
+            return super::rope_cuda::rotate_part(
+                x,
+                &cos,
+                &sin,
+                offset,
+                interleaved,
+                heads_out_first,
+            );
+        }
+        self.rotate_part_chain(layout, x, tables, offset, heads_out_first)
+    }
+
+    /// [`Rope::rotate_part`] as candle ops: narrow, rotate, cat (, transpose).
+    fn rotate_part_chain(
+        &self,
+        layout: RopeLayout,
+        x: &Tensor,
+        tables: &RopeTables,
+        offset: usize,
+        heads_out_first: bool,
+    ) -> Result<Tensor> {
+        let (_, _, width) = x.dims3()?;
+        let d = self.dim;
+        let rot = self.rotate(layout, &x.narrow(2, offset, d)?, tables, true)?;
+        let mut parts = Vec::with_capacity(3);
+        if offset > 0 {
+            parts.push(x.narrow(2, 0, offset)?);
+        }
+        parts.push(rot);
+        if offset + d < width {
+            parts.push(x.narrow(2, offset + d, width - offset - d)?);
+        }
+        let y = Tensor::cat(&parts, 2)?;
+        if heads_out_first {
+            y.transpose(0, 1)
+        } else {
+            Ok(y)
+        }
+    }
 }
 
 /// The smallest finite value of a float dtype (transformers' `torch.finfo(dtype).min`, used as the
@@ -253,6 +311,22 @@ pub fn additive(allowed: &Tensor, min: f64) -> Result<Tensor> {
     let zeros = Tensor::zeros(allowed.shape(), DType::F32, allowed.device())?;
     let mins = Tensor::full(min as f32, allowed.shape(), allowed.device())?;
     allowed.where_cond(&zeros, &mins)
+}
+
+/// Attention's probabilities: `softmax(f32(scores · scale) + mask)` over the last dim, in the
+/// scores' dtype (`scores` `[H, T, S]`, `mask` `[T, S]` f32). Eager attention's roundings: the
+/// scaled scores rounded to the compute dtype, mask and softmax in f32 (candle's softmax computes
+/// in its input dtype), probabilities rounded back. On CUDA one fused launch with the same
+/// roundings (`model::fused_cuda`, tested bit for bit against this chain).
+pub fn masked_softmax(scores: &Tensor, scale: f64, mask: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if let Some(probs) = super::fused_cuda::masked_softmax(scores, scale, mask)? {
+        return Ok(probs);
+    }
+    let masked = (scores * scale)?
+        .to_dtype(DType::F32)?
+        .broadcast_add(mask)?;
+    candle_nn::ops::softmax_last_dim(&masked)?.to_dtype(scores.dtype())
 }
 
 /// Indices of the `k` largest entries of each row of `x` `[R, N]` (descending; ties in no promised
@@ -321,6 +395,46 @@ mod tests {
                 Ok(())
             }
         }
+    }
+
+    /// The one-launch partial rotation on CUDA equals narrow → rotate → cat (→ transpose) bit for
+    /// bit: MLA's query (rope part last, heads out first) and the indexer's query and key (rope
+    /// part first), both layouts, f32/f16/bf16. A pair taken from the wrong half, or a copied
+    /// column shifted, differs.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn the_cuda_partial_rotation_is_the_chain() -> Result<()> {
+        let Ok(dev) = Device::new_cuda(0) else {
+            eprintln!("no CUDA device: skipped");
+            return Ok(());
+        };
+        let (t, d) = (9usize, 16usize);
+        for layout in [RopeLayout::Interleaved, RopeLayout::HalfSplit] {
+            let rope = Rope::new(d, 10000.0, &dev)?;
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                let tables = rope.tables(t)?.to_dtype(dtype)?;
+                // (heads, width, offset, heads_out_first)
+                for (h, w, off, first) in [(5, 40, 24, true), (3, 32, 0, false), (1, 20, 0, false)]
+                {
+                    let x = Tensor::randn(0f32, 1.0, (t, h, w), &dev)?.to_dtype(dtype)?;
+                    let got = rope.rotate_part(layout, &x, &tables, off, first)?;
+                    let want = rope.rotate_part_chain(layout, &x, &tables, off, first)?;
+                    assert_eq!(got.dims(), want.dims());
+                    let bits = |v: &Tensor| -> Result<Vec<u32>> {
+                        Ok(v.to_dtype(DType::F32)?
+                            .flatten_all()?
+                            .to_vec1::<f32>()?
+                            .iter()
+                            .map(|f| f.to_bits())
+                            .collect())
+                    };
+                    let (g, w) = (bits(&got)?, bits(&want)?);
+                    let differ = g.iter().zip(&w).filter(|(a, b)| a != b).count();
+                    assert_eq!(differ, 0, "{layout:?} {dtype:?} h={h} off={off}");
+                }
+            }
+        }
+        Ok(())
     }
 
     fn fused_equals_op_by_op(dev: &Device) -> Result<()> {

@@ -23,6 +23,21 @@ extern "C" {
         interleaved: i32,
         stream: *mut std::ffi::c_void,
     ) -> i32;
+    fn glmcheck_rope_part(
+        dtype: i32,
+        x: *const std::ffi::c_void,
+        cos: *const std::ffi::c_void,
+        sin: *const std::ffi::c_void,
+        y: *mut std::ffi::c_void,
+        t: i32,
+        heads: i32,
+        width: i32,
+        offset: i32,
+        d: i32,
+        interleaved: i32,
+        heads_out_first: i32,
+        stream: *mut std::ffi::c_void,
+    ) -> i32;
 }
 
 /// `x` contiguous `[rows, d]` (rows `(token, head)` when `tokens_first`, else `(head, token)`),
@@ -41,6 +56,132 @@ pub fn rotate(
     };
     x.contiguous()?
         .apply_op3_no_bwd(&cos.contiguous()?, &sin.contiguous()?, &op)
+}
+
+/// `x` `[t, heads, width]` (tokens first) with columns `offset..offset + d` rotated as
+/// [`rotate`] does (same roundings, de-interleaved) and the others copied, in one launch; the
+/// output is `[t, heads, width]`, or `[heads, t, width]` when `heads_out_first`. `cos`/`sin`
+/// `[t, d/2]` in `x`'s dtype. Replaces narrow → contiguous → rotate → cat (→ transpose →
+/// contiguous): MLA's query and the indexer's query and key.
+pub fn rotate_part(
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    offset: usize,
+    interleaved: bool,
+    heads_out_first: bool,
+) -> Result<Tensor> {
+    let op = RopePartOp {
+        offset,
+        interleaved,
+        heads_out_first,
+    };
+    x.contiguous()?
+        .apply_op3_no_bwd(&cos.contiguous()?, &sin.contiguous()?, &op)
+}
+
+struct RopePartOp {
+    offset: usize,
+    interleaved: bool,
+    heads_out_first: bool,
+}
+
+impl CustomOp3 for RopePartOp {
+    fn name(&self) -> &'static str {
+        "glmcheck-rope-part"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("glmcheck's RoPE kernel runs on CUDA only")
+    }
+
+    fn cuda_fwd(
+        &self,
+        xs: &CudaStorage,
+        xl: &Layout,
+        cs: &CudaStorage,
+        cl: &Layout,
+        ss: &CudaStorage,
+        sl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let (t, heads, width) = xl.shape().dims3()?;
+        let (Some((x0, _)), Some((c0, _)), Some((s0, _))) = (
+            xl.contiguous_offsets(),
+            cl.contiguous_offsets(),
+            sl.contiguous_offsets(),
+        ) else {
+            candle_core::bail!(
+                "rope: {:?} is not a contiguous [t, heads, width]",
+                xl.shape()
+            )
+        };
+        let (tt, half) = cl.shape().dims2()?;
+        if tt != t || sl.shape().dims2()? != (t, half) || xs.dtype() != cs.dtype() {
+            candle_core::bail!("rope: tables {:?} for {:?}", cl.shape(), xl.shape())
+        }
+        let i32_of = |v: usize| {
+            i32::try_from(v).map_err(|_| candle_core::Error::Msg(format!("rope: {v} too large")))
+        };
+        let (t32, h32, w32) = (i32_of(t)?, i32_of(heads)?, i32_of(width)?);
+        let (o32, d32) = (i32_of(self.offset)?, i32_of(2 * half)?);
+        let dev = xs.device().clone();
+        let stream = dev.cuda_stream();
+        let stream_ptr = stream.cu_stream() as *mut std::ffi::c_void;
+        macro_rules! run {
+            ($ty:ty, $code:expr) => {{
+                let x = xs.as_cuda_slice::<$ty>()?.slice(x0..);
+                let c = cs.as_cuda_slice::<$ty>()?.slice(c0..);
+                let s = ss.as_cuda_slice::<$ty>()?.slice(s0..);
+                let y = unsafe { dev.alloc::<$ty>(t * heads * width)? };
+                let (xp, _gx) = x.device_ptr(&stream);
+                let (cp, _gc) = c.device_ptr(&stream);
+                let (sp, _gs) = s.device_ptr(&stream);
+                let (yp, _gy) = y.device_ptr(&stream);
+                let rc = unsafe {
+                    glmcheck_rope_part(
+                        $code,
+                        xp as *const std::ffi::c_void,
+                        cp as *const std::ffi::c_void,
+                        sp as *const std::ffi::c_void,
+                        yp as *mut std::ffi::c_void,
+                        t32,
+                        h32,
+                        w32,
+                        o32,
+                        d32,
+                        i32::from(self.interleaved),
+                        i32::from(self.heads_out_first),
+                        stream_ptr,
+                    )
+                };
+                drop((_gx, _gc, _gs, _gy));
+                if rc != 0 {
+                    candle_core::bail!("rope: launcher refused (code {rc})")
+                }
+                CudaStorage::wrap_cuda_slice(y, dev.clone())
+            }};
+        }
+        let out = match xs.dtype() {
+            DType::F32 => run!(f32, 0),
+            DType::F16 => run!(half::f16, 1),
+            DType::BF16 => run!(half::bf16, 2),
+            other => candle_core::bail!("rope: no kernel for {other:?}"),
+        };
+        let shape: Shape = if self.heads_out_first {
+            (heads, t, width).into()
+        } else {
+            (t, heads, width).into()
+        };
+        Ok((out, shape))
+    }
 }
 
 struct RopeOp {

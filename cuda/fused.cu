@@ -1,0 +1,205 @@
+// Two fused elementwise chains of the forward, each one launch instead of four or five, with the
+// very roundings of the candle kernels they replace (tested bit for bit against them on the device):
+//
+//  * attention's scaled, masked softmax: candle computes `affine(scores, scale)` in the scores'
+//    dtype (one product rounded to it; `add` is 0), casts to f32, adds the f32 mask `[T, S]`
+//    broadcast over heads, runs `softmax_f32` (one warp per row: lane-strided max and sum, a
+//    butterfly reduction of each, `1. / sum` in double, each exp times its float reciprocal) and
+//    casts the probabilities back. Here the same per lane, the exps recomputed for the last pass
+//    instead of stored (the same inputs give the same expf).
+//  * the MoE combine: `(y [N, k, H] f32 · w [N, k, 1] f32).sum(1)` then the cast to the compute
+//    dtype: candle's `bmul` rounds each product, `fast_sum_small_f32` adds them in slot order
+//    starting from 0. Here each product and each sum an explicit round-to-nearest intrinsic, so nvcc
+//    contracts nothing into a fused multiply-add.
+//
+// Built by build.rs with `--features cuda`; declared in src/model/fused_cuda.rs.
+
+#include <math.h>
+#include <stdint.h>
+
+#include "elementwise.cuh"
+
+namespace {
+
+using glmcheck::down;
+using glmcheck::up;
+
+constexpr int WARPS = 4;
+
+// The masked score of column `col`: the product rounded to T (exact in f32 for bf16/f16 operands,
+// so one rounding, as the dtype's own multiply), then the f32 mask added.
+template <typename T>
+__device__ __forceinline__ float masked(const T * row, const float * mrow, int col, float scale) {
+    return __fadd_rn(up<T>(down<T>(__fmul_rn(up<T>(row[col]), scale))), mrow[col]);
+}
+
+// scores, probs: [heads·t, s] contiguous (row r is head r / t, query r % t); mask: [t, s] f32.
+// One warp per row.
+template <typename T>
+__global__ void glmcheck_masked_softmax_k(const T * __restrict__ scores, const float * __restrict__ mask,
+                                          T * __restrict__ probs, long long rows, int t, int s, float scale) {
+    const long long row = (long long) blockIdx.x * WARPS + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= rows) {
+        return;
+    }
+    const T * x = scores + row * s;
+    const float * m = mask + (long long) (row % t) * s;
+    T * y = probs + row * s;
+
+    float max_val = -INFINITY;
+    for (int col = lane; col < s; col += 32) {
+        max_val = fmaxf(max_val, masked(x, m, col, scale));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        max_val = fmaxf(max_val, __shfl_xor_sync(0xffffffff, max_val, off, 32));
+    }
+    float sum = 0.f;
+    for (int col = lane; col < s; col += 32) {
+        sum = __fadd_rn(sum, expf(__fsub_rn(masked(x, m, col, scale), max_val)));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffff, sum, off, 32));
+    }
+    const float inv = (float) (1. / (double) sum);
+    for (int col = lane; col < s; col += 32) {
+        y[col] = down<T>(__fmul_rn(expf(__fsub_rn(masked(x, m, col, scale), max_val)), inv));
+    }
+}
+
+// y: [n, k, h] f32, w: [n, k] f32 → out [n, h] in T. One thread per output.
+template <typename T>
+__global__ void glmcheck_slot_sum_k(const float * __restrict__ y, const float * __restrict__ w, T * __restrict__ out,
+                                    long long n, int k, int h) {
+    const long long idx = (long long) blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n * h) {
+        return;
+    }
+    const long long tok = idx / h;
+    const int c = (int) (idx % h);
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j) {
+        const long long slot = tok * k + j;
+        acc = __fadd_rn(acc, __fmul_rn(y[slot * h + c], w[slot]));
+    }
+    out[idx] = down<T>(acc);
+}
+
+template <typename T>
+int launch_softmax(const void * scores, const float * mask, void * probs, long long rows, int t, int s, float scale,
+                   cudaStream_t stream) {
+    const long long blocks = (rows + WARPS - 1) / WARPS;
+    if (blocks > 0x7fffffffLL) {
+        return 2;
+    }
+    glmcheck_masked_softmax_k<T>
+        <<<(unsigned) blocks, 32 * WARPS, 0, stream>>>((const T *) scores, mask, (T *) probs, rows, t, s, scale);
+    return cudaGetLastError() == cudaSuccess ? 0 : 3;
+}
+
+template <typename T>
+int launch_slot_sum(const float * y, const float * w, void * out, long long n, int k, int h, cudaStream_t stream) {
+    const long long blocks = (n * h + 255) / 256;
+    if (blocks > 0x7fffffffLL) {
+        return 2;
+    }
+    glmcheck_slot_sum_k<T><<<(unsigned) blocks, 256, 0, stream>>>(y, w, (T *) out, n, k, h);
+    return cudaGetLastError() == cudaSuccess ? 0 : 3;
+}
+
+// MLA's keys and values in the per-head layout attention multiplies: kv [t, heads, nope + v] (kv_b's
+// output), krot [t, rope] (the shared rotated key) → key [heads, t, nope + rope] = [k_nope | krot],
+// value [heads, t, v]. Copies only. One thread per output value of key, then of value.
+template <typename T>
+__global__ void glmcheck_mla_kv_k(const T * __restrict__ kv, const T * __restrict__ krot, T * __restrict__ key,
+                                  T * __restrict__ value, int t, int heads, int nope, int rope, int v) {
+    const long long idx = (long long) blockIdx.x * blockDim.x + threadIdx.x;
+    const long long rows = (long long) heads * t;
+    const int qk = nope + rope;
+    if (idx < rows * qk) {
+        const long long r = idx / qk; // (head, token)
+        const int c = (int) (idx % qk);
+        const int head = (int) (r / t), tok = (int) (r % t);
+        key[idx] = c < nope ? kv[((long long) tok * heads + head) * (nope + v) + c] : krot[(long long) tok * rope + c - nope];
+        return;
+    }
+    const long long j = idx - rows * qk;
+    if (j >= rows * v) {
+        return;
+    }
+    const long long r = j / v;
+    const int c = (int) (j % v);
+    const int head = (int) (r / t), tok = (int) (r % t);
+    value[j] = kv[((long long) tok * heads + head) * (nope + v) + nope + c];
+}
+
+template <typename T>
+int launch_mla_kv(const void * kv, const void * krot, void * key, void * value, int t, int heads, int nope, int rope,
+                  int v, cudaStream_t stream) {
+    const long long n = (long long) heads * t * (nope + rope + v);
+    const long long blocks = (n + 255) / 256;
+    if (blocks > 0x7fffffffLL) {
+        return 2;
+    }
+    glmcheck_mla_kv_k<T><<<(unsigned) blocks, 256, 0, stream>>>((const T *) kv, (const T *) krot, (T *) key,
+                                                                (T *) value, t, heads, nope, rope, v);
+    return cudaGetLastError() == cudaSuccess ? 0 : 3;
+}
+
+} // namespace
+
+// Each returns 0 when launched; 1: a dtype it does not take (0 f32, 1 f16, 2 bf16); 2: a shape it
+// does not take; 3: CUDA refused the launch.
+
+// scores/probs [heads·t, s] in the dtype, mask [t, s] f32; `scale` is the scale already rounded to
+// the dtype (candle's affine takes `T::from_f64(scale)`), as f32.
+extern "C" int glmcheck_masked_softmax(int dtype, const void * scores, const float * mask, void * probs,
+                                       long long heads, int t, int s, float scale, void * stream) {
+    if (heads <= 0 || t <= 0 || s <= 0) {
+        return 2;
+    }
+    const long long rows = heads * t;
+    cudaStream_t st = (cudaStream_t) stream;
+    switch (dtype) {
+    case 0: return launch_softmax<float>(scores, mask, probs, rows, t, s, scale, st);
+    case 1: return launch_softmax<half>(scores, mask, probs, rows, t, s, scale, st);
+    case 2: return launch_softmax<__nv_bfloat16>(scores, mask, probs, rows, t, s, scale, st);
+    default: return 1;
+    }
+}
+
+// y [n, k, h] f32, w [n, k] f32 → out [n, h] in the dtype.
+extern "C" int glmcheck_slot_sum(int dtype, const float * y, const float * w, void * out, long long n, int k, int h,
+                                 void * stream) {
+    if (n <= 0 || k <= 0 || h <= 0) {
+        return 2;
+    }
+    cudaStream_t st = (cudaStream_t) stream;
+    switch (dtype) {
+    case 0: return launch_slot_sum<float>(y, w, out, n, k, h, st);
+    case 1: return launch_slot_sum<half>(y, w, out, n, k, h, st);
+    case 2: return launch_slot_sum<__nv_bfloat16>(y, w, out, n, k, h, st);
+    default: return 1;
+    }
+}
+
+// kv [t, heads, nope + v], krot [t, rope] → out = key [heads, t, nope + rope] then value
+// [heads, t, v], one buffer.
+extern "C" int glmcheck_mla_kv(int dtype, const void * kv, const void * krot, void * out, int t, int heads, int nope,
+                               int rope, int v, void * stream) {
+    if (t <= 0 || heads <= 0 || nope < 0 || rope < 0 || v <= 0 || nope + rope <= 0) {
+        return 2;
+    }
+    const long long key_n = (long long) heads * t * (nope + rope);
+    cudaStream_t st = (cudaStream_t) stream;
+    switch (dtype) {
+    case 0: return launch_mla_kv<float>(kv, krot, out, (float *) out + key_n, t, heads, nope, rope, v, st);
+    case 1: return launch_mla_kv<half>(kv, krot, out, (half *) out + key_n, t, heads, nope, rope, v, st);
+    case 2:
+        return launch_mla_kv<__nv_bfloat16>(kv, krot, out, (__nv_bfloat16 *) out + key_n, t, heads, nope, rope, v,
+                                            st);
+    default: return 1;
+    }
+}

@@ -1,0 +1,488 @@
+//! Two elementwise chains of the forward fused into one launch each on CUDA (`cuda/fused.cu`), with
+//! the roundings of the candle kernels they replace, bit for bit (tests below, on the device):
+//!
+//! * [`masked_softmax`]: attention's `softmax_f32((scores · scale) as f32 + mask)` cast back to
+//!   the scores' dtype: five launches (affine, cast, broadcast add, softmax, cast) and four
+//!   `[H, T, S]` round trips through device memory per attention.
+//! * [`slot_sum`]: the MoE combine `(y [T, k, H] · w [T, k, 1]).sum(1)` cast to the compute dtype:
+//!   three launches (broadcast multiply, sum, cast) and a `[T, k, H]` f32 product tensor per MoE
+//!   layer (~50 MB at 256 tokens and GLM-5's width).
+//!
+//! * [`mla_kv`]: MLA's per-head keys `[k_nope | k_rot]` and values from kv_b's output: the
+//!   transpose, narrows, broadcast, cat and contiguous copies (four to six launches) in one.
+//!
+//! Callers go through `ops::masked_softmax`, `Experts::fused` and `Mla::keys_values`, which keep
+//! candle's chain on the CPU and for layouts these kernels do not take. `GLMCHECK_FUSED=off` keeps
+//! candle's chains on CUDA too (with `ops::Rope::rotate_part`'s), to measure the difference.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+
+extern "C" {
+    fn glmcheck_masked_softmax(
+        dtype: i32,
+        scores: *const std::ffi::c_void,
+        mask: *const f32,
+        probs: *mut std::ffi::c_void,
+        heads: i64,
+        t: i32,
+        s: i32,
+        scale: f32,
+        stream: *mut std::ffi::c_void,
+    ) -> i32;
+    fn glmcheck_slot_sum(
+        dtype: i32,
+        y: *const f32,
+        w: *const f32,
+        out: *mut std::ffi::c_void,
+        n: i64,
+        k: i32,
+        h: i32,
+        stream: *mut std::ffi::c_void,
+    ) -> i32;
+    fn glmcheck_mla_kv(
+        dtype: i32,
+        kv: *const std::ffi::c_void,
+        krot: *const std::ffi::c_void,
+        out: *mut std::ffi::c_void,
+        t: i32,
+        heads: i32,
+        nope: i32,
+        rope: i32,
+        v: i32,
+        stream: *mut std::ffi::c_void,
+    ) -> i32;
+}
+
+/// Whether the fused kernels run (`GLMCHECK_FUSED=off`: candle's chains instead).
+pub fn enabled() -> bool {
+    !std::env::var_os("GLMCHECK_FUSED").is_some_and(|v| v == "off")
+}
+
+/// The kernels' dtype code (0 f32, 1 f16, 2 bf16), `None` for a dtype they do not take.
+fn code(dtype: DType) -> Option<i32> {
+    match dtype {
+        DType::F32 => Some(0),
+        DType::F16 => Some(1),
+        DType::BF16 => Some(2),
+        _ => None,
+    }
+}
+
+fn i32_of(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| candle_core::Error::Msg(format!("{what}: {v} is too large")))
+}
+
+/// `scores` `[H, T, S]` (any of f32/f16/bf16, on CUDA), `mask` `[T, S]` f32 →
+/// `softmax(f32(scores · scale) + mask)` over S in the scores' dtype. `None` when the operands are
+/// not what the kernel takes (the caller then runs candle's chain).
+pub fn masked_softmax(scores: &Tensor, scale: f64, mask: &Tensor) -> Result<Option<Tensor>> {
+    let (Ok((_, t, s)), Ok(mdims)) = (scores.dims3(), mask.dims2()) else {
+        return Ok(None);
+    };
+    if !enabled()
+        || !scores.device().is_cuda()
+        || mask.dtype() != DType::F32
+        || mdims != (t, s)
+        || code(scores.dtype()).is_none()
+    {
+        return Ok(None);
+    }
+    // candle's affine multiplies by `T::from_f64(scale)`: the scale rounded to the dtype.
+    let scale = match scores.dtype() {
+        DType::BF16 => half::bf16::from_f64(scale).to_f32(),
+        DType::F16 => half::f16::from_f64(scale).to_f32(),
+        _ => scale as f32,
+    };
+    let op = MaskedSoftmax { scale };
+    scores
+        .contiguous()?
+        .apply_op2_no_bwd(&mask.contiguous()?, &op)
+        .map(Some)
+}
+
+/// `y` `[T, k, H]` f32 and `w` `[T, k]` f32 on CUDA → `Σ_k y·w` `[T, H]` in `dtype`. `None` when
+/// the operands are not what the kernel takes.
+pub fn slot_sum(y: &Tensor, w: &Tensor, dtype: DType) -> Result<Option<Tensor>> {
+    let (Ok((t, k, _)), Ok(wdims)) = (y.dims3(), w.dims2()) else {
+        return Ok(None);
+    };
+    if !enabled()
+        || !y.device().is_cuda()
+        || y.dtype() != DType::F32
+        || w.dtype() != DType::F32
+        || wdims != (t, k)
+        || code(dtype).is_none()
+    {
+        return Ok(None);
+    }
+    let op = SlotSum { dtype };
+    y.contiguous()?
+        .apply_op2_no_bwd(&w.contiguous()?, &op)
+        .map(Some)
+}
+
+/// MLA's per-head keys and values from `kv` `[T, H, nope + v]` (kv_b's output) and the rotated
+/// shared key `k_rot` `[T, rope]`: `key` `[H, T, nope + rope]` = `[k_nope | k_rot]`, `value`
+/// `[H, T, v]`, both contiguous (views of one buffer), in one launch of copies. `None` when the
+/// operands are not what the kernel takes.
+pub fn mla_kv(kv: &Tensor, k_rot: &Tensor, nope: usize) -> Result<Option<(Tensor, Tensor)>> {
+    let (Ok((t, h, w)), Ok((tr, rope))) = (kv.dims3(), k_rot.dims2()) else {
+        return Ok(None);
+    };
+    if !enabled()
+        || !kv.device().is_cuda()
+        || tr != t
+        || w <= nope
+        || kv.dtype() != k_rot.dtype()
+        || code(kv.dtype()).is_none()
+    {
+        return Ok(None);
+    }
+    let v = w - nope;
+    let op = MlaKv { nope };
+    let out = kv
+        .contiguous()?
+        .apply_op2_no_bwd(&k_rot.contiguous()?, &op)?;
+    let key_n = h * t * (nope + rope);
+    let key = out.narrow(0, 0, key_n)?.reshape((h, t, nope + rope))?;
+    let value = out.narrow(0, key_n, h * t * v)?.reshape((h, t, v))?;
+    Ok(Some((key, value)))
+}
+
+struct MlaKv {
+    nope: usize,
+}
+
+impl CustomOp2 for MlaKv {
+    fn name(&self) -> &'static str {
+        "glmcheck-mla-kv"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("glmcheck's MLA key/value kernel runs on CUDA only")
+    }
+
+    fn cuda_fwd(
+        &self,
+        ks: &CudaStorage,
+        kl: &Layout,
+        rs: &CudaStorage,
+        rl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let (t, h, w) = kl.shape().dims3()?;
+        let (_, rope) = rl.shape().dims2()?;
+        let (Some((k0, _)), Some((r0, _))) = (kl.contiguous_offsets(), rl.contiguous_offsets())
+        else {
+            candle_core::bail!("mla kv: operands are not contiguous")
+        };
+        let v = w - self.nope;
+        let n = h * t * (self.nope + rope + v);
+        let (t32, h32) = (i32_of(t, "mla kv tokens")?, i32_of(h, "heads")?);
+        let (n32, r32, v32) = (
+            i32_of(self.nope, "nope")?,
+            i32_of(rope, "rope")?,
+            i32_of(v, "v")?,
+        );
+        let dev = ks.device().clone();
+        let stream = dev.cuda_stream();
+        let stream_ptr = stream.cu_stream() as *mut std::ffi::c_void;
+        macro_rules! run {
+            ($ty:ty, $code:expr) => {{
+                let kv = ks.as_cuda_slice::<$ty>()?.slice(k0..);
+                let kr = rs.as_cuda_slice::<$ty>()?.slice(r0..);
+                let out = unsafe { dev.alloc::<$ty>(n)? };
+                let (kp, _gk) = kv.device_ptr(&stream);
+                let (rp, _gr) = kr.device_ptr(&stream);
+                let (op, _go) = out.device_ptr(&stream);
+                let rc = unsafe {
+                    glmcheck_mla_kv(
+                        $code,
+                        kp as *const std::ffi::c_void,
+                        rp as *const std::ffi::c_void,
+                        op as *mut std::ffi::c_void,
+                        t32,
+                        h32,
+                        n32,
+                        r32,
+                        v32,
+                        stream_ptr,
+                    )
+                };
+                drop((_gk, _gr, _go));
+                if rc != 0 {
+                    candle_core::bail!("mla kv: launcher refused (code {rc})")
+                }
+                CudaStorage::wrap_cuda_slice(out, dev.clone())
+            }};
+        }
+        let out = match ks.dtype() {
+            DType::F32 => run!(f32, 0),
+            DType::F16 => run!(half::f16, 1),
+            DType::BF16 => run!(half::bf16, 2),
+            other => candle_core::bail!("mla kv: no kernel for {other:?}"),
+        };
+        Ok((out, n.into()))
+    }
+}
+
+struct MaskedSoftmax {
+    scale: f32,
+}
+
+impl CustomOp2 for MaskedSoftmax {
+    fn name(&self) -> &'static str {
+        "glmcheck-masked-softmax"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("glmcheck's fused softmax runs on CUDA only")
+    }
+
+    fn cuda_fwd(
+        &self,
+        xs: &CudaStorage,
+        xl: &Layout,
+        ms: &CudaStorage,
+        ml: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let (h, t, s) = xl.shape().dims3()?;
+        let (Some((x0, _)), Some((m0, _))) = (xl.contiguous_offsets(), ml.contiguous_offsets())
+        else {
+            candle_core::bail!("masked softmax: operands are not contiguous")
+        };
+        let (t32, s32) = (i32_of(t, "masked softmax rows")?, i32_of(s, "keys")?);
+        let dev = xs.device().clone();
+        let stream = dev.cuda_stream();
+        let stream_ptr = stream.cu_stream() as *mut std::ffi::c_void;
+        let mask = ms.as_cuda_slice::<f32>()?.slice(m0..);
+        let (mp, _gm) = mask.device_ptr(&stream);
+        macro_rules! run {
+            ($ty:ty, $code:expr) => {{
+                let x = xs.as_cuda_slice::<$ty>()?.slice(x0..);
+                let y = unsafe { dev.alloc::<$ty>(h * t * s)? };
+                let (xp, _gx) = x.device_ptr(&stream);
+                let (yp, _gy) = y.device_ptr(&stream);
+                let rc = unsafe {
+                    glmcheck_masked_softmax(
+                        $code,
+                        xp as *const std::ffi::c_void,
+                        mp as *const f32,
+                        yp as *mut std::ffi::c_void,
+                        h as i64,
+                        t32,
+                        s32,
+                        self.scale,
+                        stream_ptr,
+                    )
+                };
+                drop((_gx, _gy));
+                if rc != 0 {
+                    candle_core::bail!("masked softmax: launcher refused (code {rc})")
+                }
+                CudaStorage::wrap_cuda_slice(y, dev.clone())
+            }};
+        }
+        let out = match xs.dtype() {
+            DType::F32 => run!(f32, 0),
+            DType::F16 => run!(half::f16, 1),
+            DType::BF16 => run!(half::bf16, 2),
+            other => candle_core::bail!("masked softmax: no kernel for {other:?}"),
+        };
+        Ok((out, xl.shape().clone()))
+    }
+}
+
+struct SlotSum {
+    dtype: DType,
+}
+
+impl CustomOp2 for SlotSum {
+    fn name(&self) -> &'static str {
+        "glmcheck-slot-sum"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("glmcheck's fused MoE combine runs on CUDA only")
+    }
+
+    fn cuda_fwd(
+        &self,
+        ys: &CudaStorage,
+        yl: &Layout,
+        ws: &CudaStorage,
+        wl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let (n, k, h) = yl.shape().dims3()?;
+        let (Some((y0, _)), Some((w0, _))) = (yl.contiguous_offsets(), wl.contiguous_offsets())
+        else {
+            candle_core::bail!("slot sum: operands are not contiguous")
+        };
+        let (k32, h32) = (i32_of(k, "slot sum slots")?, i32_of(h, "width")?);
+        let dev = ys.device().clone();
+        let stream = dev.cuda_stream();
+        let stream_ptr = stream.cu_stream() as *mut std::ffi::c_void;
+        let y = ys.as_cuda_slice::<f32>()?.slice(y0..);
+        let w = ws.as_cuda_slice::<f32>()?.slice(w0..);
+        let (yp, _gy) = y.device_ptr(&stream);
+        let (wp, _gw) = w.device_ptr(&stream);
+        macro_rules! run {
+            ($ty:ty, $code:expr) => {{
+                let out = unsafe { dev.alloc::<$ty>(n * h)? };
+                let (op, _go) = out.device_ptr(&stream);
+                let rc = unsafe {
+                    glmcheck_slot_sum(
+                        $code,
+                        yp as *const f32,
+                        wp as *const f32,
+                        op as *mut std::ffi::c_void,
+                        n as i64,
+                        k32,
+                        h32,
+                        stream_ptr,
+                    )
+                };
+                drop(_go);
+                if rc != 0 {
+                    candle_core::bail!("slot sum: launcher refused (code {rc})")
+                }
+                CudaStorage::wrap_cuda_slice(out, dev.clone())
+            }};
+        }
+        let out = match self.dtype {
+            DType::F32 => run!(f32, 0),
+            DType::F16 => run!(half::f16, 1),
+            DType::BF16 => run!(half::bf16, 2),
+            other => candle_core::bail!("slot sum: no kernel for {other:?}"),
+        };
+        Ok((out, (n, h).into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn cuda() -> Option<Device> {
+        match Device::new_cuda(0) {
+            Ok(dev) => Some(dev),
+            Err(_) => {
+                eprintln!("no CUDA device: skipped");
+                None
+            }
+        }
+    }
+
+    /// Bit patterns of a tensor as f32 (exact for f16/bf16).
+    fn bits(x: &Tensor) -> Result<Vec<u32>> {
+        Ok(x.to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .iter()
+            .map(|v| v.to_bits())
+            .collect())
+    }
+
+    /// The fused softmax equals candle's five-launch chain bit for bit, in f32, f16 and bf16, with
+    /// a causal mask of `finfo.min` (rows of one allowed key included), key counts below, at and
+    /// past a warp's width, and a scale that is not a power of two (its rounding to the dtype
+    /// matters). A row read with the wrong query's mask, or a scale applied in f32, differs.
+    #[test]
+    fn the_fused_masked_softmax_equals_candles_chain_bit_for_bit() -> Result<()> {
+        let Some(dev) = cuda() else { return Ok(()) };
+        let scale = 1.0 / (256f64).sqrt() * 1.2345;
+        for (h, t) in [(3usize, 5usize), (4, 32), (2, 77)] {
+            let causal = crate::model::ops::CausalMask::new(t, DType::F32, &dev)?;
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let scores = (Tensor::randn(0f32, 4.0, (h, t, t), &dev)?).to_dtype(dtype)?;
+                let got = masked_softmax(&scores, scale, &causal.additive)?
+                    .ok_or_else(|| candle_core::Error::Msg("kernel declined".into()))?;
+                let want = candle_nn::ops::softmax_last_dim(
+                    &(&scores * scale)?
+                        .to_dtype(DType::F32)?
+                        .broadcast_add(&causal.additive)?,
+                )?
+                .to_dtype(dtype)?;
+                assert_eq!(got.dtype(), dtype);
+                let (g, w) = (bits(&got)?, bits(&want)?);
+                let differ = g.iter().zip(&w).filter(|(a, b)| a != b).count();
+                assert_eq!(differ, 0, "{dtype:?} h={h} t={t}: {differ} values differ");
+            }
+        }
+        Ok(())
+    }
+
+    /// The one-launch keys and values equal the narrows, broadcast and cat they replace, bit for
+    /// bit (GLM-5's 192 | 64 | 256 split scaled down, and an odd one); a column from the wrong
+    /// head or token differs.
+    #[test]
+    fn the_fused_mla_keys_and_values_equal_the_chain() -> Result<()> {
+        let Some(dev) = cuda() else { return Ok(()) };
+        for (t, h, nope, rope, v) in [(7usize, 4usize, 24usize, 8usize, 32usize), (3, 5, 5, 3, 7)] {
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let kv = Tensor::randn(0f32, 1.0, (t, h, nope + v), &dev)?.to_dtype(dtype)?;
+                let k_rot = Tensor::randn(0f32, 1.0, (t, rope), &dev)?.to_dtype(dtype)?;
+                let (key, value) = mla_kv(&kv, &k_rot, nope)?
+                    .ok_or_else(|| candle_core::Error::Msg("kernel declined".into()))?;
+                let kvt = kv.transpose(0, 1)?;
+                let want_key = Tensor::cat(
+                    &[
+                        &kvt.narrow(2, 0, nope)?,
+                        &k_rot.unsqueeze(0)?.broadcast_as((h, t, rope))?,
+                    ],
+                    2,
+                )?;
+                let want_value = kvt.narrow(2, nope, v)?;
+                assert!(key.is_contiguous() && value.is_contiguous());
+                assert_eq!(bits(&key)?, bits(&want_key)?, "{dtype:?} key");
+                assert_eq!(bits(&value)?, bits(&want_value)?, "{dtype:?} value");
+            }
+        }
+        Ok(())
+    }
+
+    /// The fused combine equals candle's `broadcast_mul → sum(1) → to_dtype` bit for bit (8 slots
+    /// as GLM-5 routes, and an odd count), into f32, f16 and bf16. Summing the slots in another
+    /// order or contracting a product into the sum differs in some values.
+    #[test]
+    fn the_fused_slot_sum_equals_candles_chain_bit_for_bit() -> Result<()> {
+        let Some(dev) = cuda() else { return Ok(()) };
+        for (t, k, h) in [(5usize, 8usize, 300usize), (17, 3, 64)] {
+            let y = Tensor::randn(0f32, 3.0, (t, k, h), &dev)?;
+            let w = Tensor::rand(0f32, 1.0, (t, k), &dev)?;
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let got = slot_sum(&y, &w, dtype)?
+                    .ok_or_else(|| candle_core::Error::Msg("kernel declined".into()))?;
+                let want = y.broadcast_mul(&w.unsqueeze(2)?)?.sum(1)?.to_dtype(dtype)?;
+                assert_eq!(got.dims(), &[t, h]);
+                let (g, w) = (bits(&got)?, bits(&want)?);
+                let differ = g.iter().zip(&w).filter(|(a, b)| a != b).count();
+                assert_eq!(
+                    differ, 0,
+                    "{dtype:?} t={t} k={k} h={h}: {differ} values differ"
+                );
+            }
+        }
+        Ok(())
+    }
+}
