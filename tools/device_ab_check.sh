@@ -9,7 +9,8 @@
 #     at 16 and 256 tokens and of OLD at 256.
 # Usage: tools/device_ab_check.sh OLD_GLMCHECK NEW_GLMCHECK NEW_TESTBIN OUTDIR
 # Env: TEST_FILTERS, MODE (q8|dequant), ROUNDS (3), WORK (/tmp/gpub, keeps the synth between calls).
-# Figures: tools/device_ab_summary.py OUTDIR. Packs OUTDIR into $OUT/x.tar.xz when OUT is set.
+# Figures: tools/device_ab_summary.py OUTDIR. Packs OUTDIR into $OUT/x.tar.xz when OUT is set: keep
+# OUTDIR outside $OUT (the device tool brings back only a few dozen files; the packed one always).
 set -uo pipefail
 old=$(readlink -f "$1"); new=$(readlink -f "$2"); tests=$(readlink -f "$3"); out=$4
 mkdir -p "$out"; out=$(readlink -f "$out")

@@ -16,8 +16,9 @@
 //! candle's chains on CUDA too (with `ops::Rope::rotate_part`'s), to measure the difference.
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::DevicePtr;
 use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+
+use super::cuda_ffi::{alloc, check, code, i32_of, ptr, stream};
 
 extern "C" {
     fn glmcheck_masked_softmax(
@@ -57,21 +58,7 @@ extern "C" {
 
 /// Whether the fused kernels run (`GLMCHECK_FUSED=off`: candle's chains instead).
 pub fn enabled() -> bool {
-    !std::env::var_os("GLMCHECK_FUSED").is_some_and(|v| v == "off")
-}
-
-/// The kernels' dtype code (0 f32, 1 f16, 2 bf16), `None` for a dtype they do not take.
-fn code(dtype: DType) -> Option<i32> {
-    match dtype {
-        DType::F32 => Some(0),
-        DType::F16 => Some(1),
-        DType::BF16 => Some(2),
-        _ => None,
-    }
-}
-
-fn i32_of(v: usize, what: &str) -> Result<i32> {
-    i32::try_from(v).map_err(|_| candle_core::Error::Msg(format!("{what}: {v} is too large")))
+    std::env::var_os("GLMCHECK_FUSED").is_none_or(|v| v != "off")
 }
 
 /// `scores` `[H, T, S]` (any of f32/f16/bf16, on CUDA), `mask` `[T, S]` f32 →
@@ -191,44 +178,15 @@ impl CustomOp2 for MlaKv {
             i32_of(rope, "rope")?,
             i32_of(v, "v")?,
         );
-        let dev = ks.device().clone();
-        let stream = dev.cuda_stream();
-        let stream_ptr = stream.cu_stream() as *mut std::ffi::c_void;
-        macro_rules! run {
-            ($ty:ty, $code:expr) => {{
-                let kv = ks.as_cuda_slice::<$ty>()?.slice(k0..);
-                let kr = rs.as_cuda_slice::<$ty>()?.slice(r0..);
-                let out = unsafe { dev.alloc::<$ty>(n)? };
-                let (kp, _gk) = kv.device_ptr(&stream);
-                let (rp, _gr) = kr.device_ptr(&stream);
-                let (op, _go) = out.device_ptr(&stream);
-                let rc = unsafe {
-                    glmcheck_mla_kv(
-                        $code,
-                        kp as *const std::ffi::c_void,
-                        rp as *const std::ffi::c_void,
-                        op as *mut std::ffi::c_void,
-                        t32,
-                        h32,
-                        n32,
-                        r32,
-                        v32,
-                        stream_ptr,
-                    )
-                };
-                drop((_gk, _gr, _go));
-                if rc != 0 {
-                    candle_core::bail!("mla kv: launcher refused (code {rc})")
-                }
-                CudaStorage::wrap_cuda_slice(out, dev.clone())
-            }};
-        }
-        let out = match ks.dtype() {
-            DType::F32 => run!(f32, 0),
-            DType::F16 => run!(half::f16, 1),
-            DType::BF16 => run!(half::bf16, 2),
-            other => candle_core::bail!("mla kv: no kernel for {other:?}"),
-        };
+        let dev = ks.device();
+        let (st, raw) = stream(dev);
+        let dtype = code(ks.dtype()).unwrap_or(-1);
+        let out = alloc(dev, ks.dtype(), n)?;
+        let ((kp, _gk), (rp, _gr), (op, go)) =
+            (ptr(ks, k0, &st)?, ptr(rs, r0, &st)?, ptr(&out, 0, &st)?);
+        let rc = unsafe { glmcheck_mla_kv(dtype, kp, rp, op, t32, h32, n32, r32, v32, raw) };
+        drop(go);
+        check("mla kv", rc)?;
         Ok((out, n.into()))
     }
 }
@@ -265,43 +223,27 @@ impl CustomOp2 for MaskedSoftmax {
             candle_core::bail!("masked softmax: operands are not contiguous")
         };
         let (t32, s32) = (i32_of(t, "masked softmax rows")?, i32_of(s, "keys")?);
-        let dev = xs.device().clone();
-        let stream = dev.cuda_stream();
-        let stream_ptr = stream.cu_stream() as *mut std::ffi::c_void;
-        let mask = ms.as_cuda_slice::<f32>()?.slice(m0..);
-        let (mp, _gm) = mask.device_ptr(&stream);
-        macro_rules! run {
-            ($ty:ty, $code:expr) => {{
-                let x = xs.as_cuda_slice::<$ty>()?.slice(x0..);
-                let y = unsafe { dev.alloc::<$ty>(h * t * s)? };
-                let (xp, _gx) = x.device_ptr(&stream);
-                let (yp, _gy) = y.device_ptr(&stream);
-                let rc = unsafe {
-                    glmcheck_masked_softmax(
-                        $code,
-                        xp as *const std::ffi::c_void,
-                        mp as *const f32,
-                        yp as *mut std::ffi::c_void,
-                        h as i64,
-                        t32,
-                        s32,
-                        self.scale,
-                        stream_ptr,
-                    )
-                };
-                drop((_gx, _gy));
-                if rc != 0 {
-                    candle_core::bail!("masked softmax: launcher refused (code {rc})")
-                }
-                CudaStorage::wrap_cuda_slice(y, dev.clone())
-            }};
-        }
-        let out = match xs.dtype() {
-            DType::F32 => run!(f32, 0),
-            DType::F16 => run!(half::f16, 1),
-            DType::BF16 => run!(half::bf16, 2),
-            other => candle_core::bail!("masked softmax: no kernel for {other:?}"),
+        let dev = xs.device();
+        let (st, raw) = stream(dev);
+        let dtype = code(xs.dtype()).unwrap_or(-1);
+        let out = alloc(dev, xs.dtype(), h * t * s)?;
+        let ((xp, _gx), (mp, _gm), (yp, gy)) =
+            (ptr(xs, x0, &st)?, ptr(ms, m0, &st)?, ptr(&out, 0, &st)?);
+        let rc = unsafe {
+            glmcheck_masked_softmax(
+                dtype,
+                xp,
+                mp as *const f32,
+                yp,
+                h as i64,
+                t32,
+                s32,
+                self.scale,
+                raw,
+            )
         };
+        drop(gy);
+        check("masked softmax", rc)?;
         Ok((out, xl.shape().clone()))
     }
 }
@@ -338,42 +280,26 @@ impl CustomOp2 for SlotSum {
             candle_core::bail!("slot sum: operands are not contiguous")
         };
         let (k32, h32) = (i32_of(k, "slot sum slots")?, i32_of(h, "width")?);
-        let dev = ys.device().clone();
-        let stream = dev.cuda_stream();
-        let stream_ptr = stream.cu_stream() as *mut std::ffi::c_void;
-        let y = ys.as_cuda_slice::<f32>()?.slice(y0..);
-        let w = ws.as_cuda_slice::<f32>()?.slice(w0..);
-        let (yp, _gy) = y.device_ptr(&stream);
-        let (wp, _gw) = w.device_ptr(&stream);
-        macro_rules! run {
-            ($ty:ty, $code:expr) => {{
-                let out = unsafe { dev.alloc::<$ty>(n * h)? };
-                let (op, _go) = out.device_ptr(&stream);
-                let rc = unsafe {
-                    glmcheck_slot_sum(
-                        $code,
-                        yp as *const f32,
-                        wp as *const f32,
-                        op as *mut std::ffi::c_void,
-                        n as i64,
-                        k32,
-                        h32,
-                        stream_ptr,
-                    )
-                };
-                drop(_go);
-                if rc != 0 {
-                    candle_core::bail!("slot sum: launcher refused (code {rc})")
-                }
-                CudaStorage::wrap_cuda_slice(out, dev.clone())
-            }};
-        }
-        let out = match self.dtype {
-            DType::F32 => run!(f32, 0),
-            DType::F16 => run!(half::f16, 1),
-            DType::BF16 => run!(half::bf16, 2),
-            other => candle_core::bail!("slot sum: no kernel for {other:?}"),
+        let dev = ys.device();
+        let (st, raw) = stream(dev);
+        let dtype = code(self.dtype).unwrap_or(-1);
+        let out = alloc(dev, self.dtype, n * h)?;
+        let ((yp, _gy), (wp, _gw), (op, go)) =
+            (ptr(ys, y0, &st)?, ptr(ws, w0, &st)?, ptr(&out, 0, &st)?);
+        let rc = unsafe {
+            glmcheck_slot_sum(
+                dtype,
+                yp as *const f32,
+                wp as *const f32,
+                op,
+                n as i64,
+                k32,
+                h32,
+                raw,
+            )
         };
+        drop(go);
+        check("slot sum", rc)?;
         Ok((out, (n, h).into()))
     }
 }

@@ -15,6 +15,8 @@ pub mod attention;
 pub mod behaviour;
 pub mod capture;
 #[cfg(feature = "cuda")]
+pub(crate) mod cuda_ffi;
+#[cfg(feature = "cuda")]
 pub(crate) mod fused_cuda;
 pub mod grouping;
 pub mod indexer;

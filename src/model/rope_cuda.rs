@@ -5,8 +5,9 @@
 //! query states 6.6e-4 rel-L2 off transformers where the op-by-op rotation was bit-identical.
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::DevicePtr;
-use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CudaStorage, CustomOp3, Layout, Result, Shape, Tensor};
+
+use super::cuda_ffi::{alloc, check, code, i32_of, ptr, stream};
 
 extern "C" {
     fn glmcheck_rope(
@@ -127,54 +128,43 @@ impl CustomOp3 for RopePartOp {
         if tt != t || sl.shape().dims2()? != (t, half) || xs.dtype() != cs.dtype() {
             candle_core::bail!("rope: tables {:?} for {:?}", cl.shape(), xl.shape())
         }
-        let i32_of = |v: usize| {
-            i32::try_from(v).map_err(|_| candle_core::Error::Msg(format!("rope: {v} too large")))
+        let (t32, h32, w32) = (
+            i32_of(t, "rope tokens")?,
+            i32_of(heads, "heads")?,
+            i32_of(width, "width")?,
+        );
+        let (o32, d32) = (
+            i32_of(self.offset, "offset")?,
+            i32_of(2 * half, "rope dim")?,
+        );
+        let dev = xs.device();
+        let (st, raw) = stream(dev);
+        let out = alloc(dev, xs.dtype(), t * heads * width)?;
+        let ((xp, _gx), (cp, _gc), (sp, _gs), (yp, gy)) = (
+            ptr(xs, x0, &st)?,
+            ptr(cs, c0, &st)?,
+            ptr(ss, s0, &st)?,
+            ptr(&out, 0, &st)?,
+        );
+        let rc = unsafe {
+            glmcheck_rope_part(
+                code(xs.dtype()).unwrap_or(-1),
+                xp,
+                cp,
+                sp,
+                yp,
+                t32,
+                h32,
+                w32,
+                o32,
+                d32,
+                i32::from(self.interleaved),
+                i32::from(self.heads_out_first),
+                raw,
+            )
         };
-        let (t32, h32, w32) = (i32_of(t)?, i32_of(heads)?, i32_of(width)?);
-        let (o32, d32) = (i32_of(self.offset)?, i32_of(2 * half)?);
-        let dev = xs.device().clone();
-        let stream = dev.cuda_stream();
-        let stream_ptr = stream.cu_stream() as *mut std::ffi::c_void;
-        macro_rules! run {
-            ($ty:ty, $code:expr) => {{
-                let x = xs.as_cuda_slice::<$ty>()?.slice(x0..);
-                let c = cs.as_cuda_slice::<$ty>()?.slice(c0..);
-                let s = ss.as_cuda_slice::<$ty>()?.slice(s0..);
-                let y = unsafe { dev.alloc::<$ty>(t * heads * width)? };
-                let (xp, _gx) = x.device_ptr(&stream);
-                let (cp, _gc) = c.device_ptr(&stream);
-                let (sp, _gs) = s.device_ptr(&stream);
-                let (yp, _gy) = y.device_ptr(&stream);
-                let rc = unsafe {
-                    glmcheck_rope_part(
-                        $code,
-                        xp as *const std::ffi::c_void,
-                        cp as *const std::ffi::c_void,
-                        sp as *const std::ffi::c_void,
-                        yp as *mut std::ffi::c_void,
-                        t32,
-                        h32,
-                        w32,
-                        o32,
-                        d32,
-                        i32::from(self.interleaved),
-                        i32::from(self.heads_out_first),
-                        stream_ptr,
-                    )
-                };
-                drop((_gx, _gc, _gs, _gy));
-                if rc != 0 {
-                    candle_core::bail!("rope: launcher refused (code {rc})")
-                }
-                CudaStorage::wrap_cuda_slice(y, dev.clone())
-            }};
-        }
-        let out = match xs.dtype() {
-            DType::F32 => run!(f32, 0),
-            DType::F16 => run!(half::f16, 1),
-            DType::BF16 => run!(half::bf16, 2),
-            other => candle_core::bail!("rope: no kernel for {other:?}"),
-        };
+        drop(gy);
+        check("rope", rc)?;
         let shape: Shape = if self.heads_out_first {
             (heads, t, width).into()
         } else {
@@ -232,48 +222,33 @@ impl CustomOp3 for RopeOp {
         if t == 0 || !rows.is_multiple_of(t) {
             candle_core::bail!("rope: {rows} rows for {t} tokens")
         }
-        let dev = xs.device().clone();
-        let stream = dev.cuda_stream();
-        let stream_ptr = stream.cu_stream() as *mut std::ffi::c_void;
-        macro_rules! run {
-            ($ty:ty, $code:expr) => {{
-                let x = xs.as_cuda_slice::<$ty>()?.slice(x0..);
-                let c = cs.as_cuda_slice::<$ty>()?.slice(c0..);
-                let s = ss.as_cuda_slice::<$ty>()?.slice(s0..);
-                let y = unsafe { dev.alloc::<$ty>(rows * d)? };
-                let (xp, _gx) = x.device_ptr(&stream);
-                let (cp, _gc) = c.device_ptr(&stream);
-                let (sp, _gs) = s.device_ptr(&stream);
-                let (yp, _gy) = y.device_ptr(&stream);
-                let rc = unsafe {
-                    glmcheck_rope(
-                        $code,
-                        xp as *const std::ffi::c_void,
-                        cp as *const std::ffi::c_void,
-                        sp as *const std::ffi::c_void,
-                        yp as *mut std::ffi::c_void,
-                        rows as i64,
-                        t as i32,
-                        (rows / t) as i32,
-                        d as i32,
-                        i32::from(self.tokens_first),
-                        i32::from(self.interleaved),
-                        stream_ptr,
-                    )
-                };
-                drop((_gx, _gc, _gs, _gy));
-                if rc != 0 {
-                    candle_core::bail!("rope: launcher refused (code {rc})")
-                }
-                CudaStorage::wrap_cuda_slice(y, dev.clone())
-            }};
-        }
-        let out = match xs.dtype() {
-            DType::F32 => run!(f32, 0),
-            DType::F16 => run!(half::f16, 1),
-            DType::BF16 => run!(half::bf16, 2),
-            other => candle_core::bail!("rope: no kernel for {other:?}"),
+        let dev = xs.device();
+        let (st, raw) = stream(dev);
+        let out = alloc(dev, xs.dtype(), rows * d)?;
+        let ((xp, _gx), (cp, _gc), (sp, _gs), (yp, gy)) = (
+            ptr(xs, x0, &st)?,
+            ptr(cs, c0, &st)?,
+            ptr(ss, s0, &st)?,
+            ptr(&out, 0, &st)?,
+        );
+        let rc = unsafe {
+            glmcheck_rope(
+                code(xs.dtype()).unwrap_or(-1),
+                xp,
+                cp,
+                sp,
+                yp,
+                rows as i64,
+                i32_of(t, "rope tokens")?,
+                i32_of(rows / t, "heads")?,
+                i32_of(d, "rope dim")?,
+                i32::from(self.tokens_first),
+                i32::from(self.interleaved),
+                raw,
+            )
         };
+        drop(gy);
+        check("rope", rc)?;
         Ok((out, xl.shape().clone()))
     }
 }
