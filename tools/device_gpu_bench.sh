@@ -7,6 +7,9 @@
 #   B: llama.cpp build (background, nice) || synth -> glmcheck forward --bench 5 for --matmul
 #      dequant|q8 at 16 and 256 tokens -> glmcheck dequant --device cuda --repeat 5 -> llama-bench
 #   AB: both, one after the other (only where one call may run ~15 minutes)
+#   Q: synth, B's glmcheck forwards, then A (no llama.cpp, no dequant throughput): glmcheck against
+#      transformers in one call (~6 min on an H200), when device time is short; A's module
+#      agreement comes last, so a short GPU_BENCH_DEADLINE drops it first
 # Reuses what a previous phase left in the work dir when the machine was still warm (markers *.done).
 # Usage: tools/device_gpu_bench.sh GLMCHECK OUTDIR A|B|AB
 #   results: OUTDIR/*.json, *.log, times.txt; packed at exit (also on failure) into $PACK
@@ -207,21 +210,26 @@ phase_a() {
   return 0
 }
 
+# glmcheck's timed forwards: --bench 5 for each matmul mode at 16 and 256 tokens.
+glmcheck_benches() {
+  local modes=(dequant q8)
+  has_flag forward --matmul || modes=(default)
+  for seq in 16 256; do
+    local toks=$t16; [ "$seq" = 256 ] && toks=$t256
+    for m in "${modes[@]}"; do
+      local mm=(); [ "$m" != default ] && mm=(--matmul "$m")
+      GLMCHECK_PEAK_RSS=1 gstep "cuda-bf16-$m-$seq" 120 "$bin" forward "$model" --tokens "$toks" --device "$dev" \
+        --dtype bf16 "${mm[@]}" --max-new-tokens 0 --bench 5 --json $(has_flag forward --profile && echo --profile)
+    done
+  done
+}
+
 phase_b() {
   start_llama_build
   synth
   lb_signal STOP   # glmcheck is timed with the build paused
   if [ -f "$work/synth.done" ]; then
-    local modes=(dequant q8)
-    has_flag forward --matmul || modes=(default)
-    for seq in 16 256; do
-      local toks=$t16; [ "$seq" = 256 ] && toks=$t256
-      for m in "${modes[@]}"; do
-        local mm=(); [ "$m" != default ] && mm=(--matmul "$m")
-        GLMCHECK_PEAK_RSS=1 gstep "cuda-bf16-$m-$seq" 120 "$bin" forward "$model" --tokens "$toks" --device "$dev" \
-          --dtype bf16 "${mm[@]}" --max-new-tokens 0 --bench 5 --json $(has_flag forward --profile && echo --profile)
-      done
-    done
+    glmcheck_benches
     lb_signal CONT   # dequant's throughput is GPU-bound; let the build go on meanwhile
     if has_flag dequant --device; then
       gstep dequant-cuda 120 "$bin" dequant "$model" --device "$dev" --repeat 5 --json
@@ -247,6 +255,7 @@ case $phase in
   A) phase_a ;;
   B) phase_b ;;
   AB) phase_a; phase_b ;;
-  *) echo "phase must be A, B or AB" >&2; exit 2 ;;
+  Q) synth; [ -f "$work/synth.done" ] && glmcheck_benches; phase_a ;;
+  *) echo "phase must be A, B, AB or Q" >&2; exit 2 ;;
 esac
 exit 0

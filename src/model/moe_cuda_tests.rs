@@ -27,17 +27,26 @@ const TILED_TYPES: [GgmlDType; 6] = [
     GgmlDType::Q6K,
 ];
 
+/// The routing of `t` tokens over `e` experts, two slots each: token i → experts i % e and
+/// (i + 1) % e (every expert gets 2t/e rows).
+fn round_robin(t: usize, e: usize, dev: &Device) -> Result<Grouping> {
+    let ids: Vec<u32> = (0..t)
+        .flat_map(|i| [(i % e) as u32, ((i + 1) % e) as u32])
+        .collect();
+    Grouping::new(&Tensor::from_vec(ids, (t, 2), dev)?, e)
+}
+
 /// Every type the tiled kernel covers, both input orders (by token: gate/up; grouped rows: down),
-/// bf16 and f16, 6, 20 and 70 rows per expert (16-wide tiles, and 32-wide past 64 rows): the kernel's output equals candle's CUDA decode rounded
-/// to the compute dtype and multiplied in f32, to the output's rounding (a swapped nibble, scale or
-/// row gives a rel-L2 near 1).
+/// bf16 and f16, 6, 20 and 70 rows per expert (16-wide tiles, and 32-wide past 64 rows): the
+/// kernel's output equals candle's CUDA decode rounded to the compute dtype and multiplied in f32,
+/// to the output's rounding (a swapped nibble, scale or row gives a rel-L2 near 1).
 #[test]
 fn the_tiled_dequant_kernel_equals_candles_decode_then_matmul() -> Result<()> {
     let Ok(dev) = Device::new_cuda(0) else {
         eprintln!("no CUDA device: skipped");
         return Ok(());
     };
-    let (e, out, inp, k) = (4usize, 128usize, 512usize, 2usize);
+    let (e, out, inp) = (4usize, 128usize, 512usize);
     let w = Tensor::randn(0f32, 1.0, (e, out, inp), &Device::Cpu)?;
     for qt in TILED_TYPES {
         let q = QTensor::quantize_onto(&w, qt, &dev)?;
@@ -50,11 +59,8 @@ fn the_tiled_dequant_kernel_equals_candles_decode_then_matmul() -> Result<()> {
                 .to_dtype(DType::F32)?
                 .to_device(&Device::Cpu)?;
             for t in [12usize, 40, 140] {
-                // token i → experts i % e and (i + 1) % e: 6, 20 or 70 rows per expert.
-                let ids: Vec<u32> = (0..t)
-                    .flat_map(|i| [(i % e) as u32, ((i + 1) % e) as u32])
-                    .collect();
-                let g = Grouping::new(&Tensor::from_vec(ids, (t, k), &dev)?, e)?;
+                // 6, 20 or 70 rows per expert.
+                let g = round_robin(t, e, &dev)?;
                 let table = g.table.to_vec1::<u32>()?;
                 // The table: tokens [rows], slots [rows], bounds [active + 1], experts [active].
                 let a = g.active();
@@ -157,10 +163,7 @@ fn the_int8_expert_kernel_equals_llama_cpps_mmq() -> Result<()> {
         let q = QTensor::quantize_onto(&w, qt, &dev)?;
         assert!(Q8Kernel::Int8.int8_type(&q).is_some(), "{qt:?} not covered");
         for t in [12usize, 24, 40, 140] {
-            let ids: Vec<u32> = (0..t)
-                .flat_map(|i| [(i % e) as u32, ((i + 1) % e) as u32])
-                .collect();
-            let g = Grouping::new(&Tensor::from_vec(ids, (t, k), &dev)?, e)?;
+            let g = round_robin(t, e, &dev)?;
             for by_token in [true, false] {
                 let n = if by_token { t } else { t * k };
                 let x = Tensor::randn(0f32, 1.0, (n, inp), &dev)?;
@@ -316,10 +319,7 @@ fn the_bf16_quantizer_gives_the_f32_casts_bits() -> Result<()> {
     for qt in [GgmlDType::Q4K, GgmlDType::Q6K, GgmlDType::Q5_0] {
         let q = QTensor::quantize_onto(&w, qt, &dev)?;
         let t = 20usize;
-        let ids: Vec<u32> = (0..t)
-            .flat_map(|i| [(i % e) as u32, ((i + 1) % e) as u32])
-            .collect();
-        let g = Grouping::new(&Tensor::from_vec(ids, (t, k), &dev)?, e)?;
+        let g = round_robin(t, e, &dev)?;
         for by_token in [true, false] {
             let n = if by_token { t } else { t * k };
             let x = Tensor::randn(0f32, 1.0, (n, inp), &dev)?.to_dtype(candle_core::DType::BF16)?;
