@@ -20,21 +20,9 @@ ncu=$(command -v ncu || echo /usr/local/cuda-13.0/bin/ncu)
 # shellcheck disable=SC2086
 step unit 180 "$tests" --test-threads 1 --nocapture ${TEST_FILTERS:-}
 [ -f "$model" ] || step synth 220 "$new" synth --dims glm5 --layers 3 --qtype q4_k_m --out "$model" --force --json
-t16=$(seq -s, 1000 1015); t256=$(seq -s, 1000 1255); d=$work/dumps; mkdir -p "$d"
 fwd=(forward "$model" --device cuda --dtype bf16 --matmul "${MODE:-q8}" --max-new-tokens 0 --json)
-for n in 16 256; do
-  toks=$t16; [ "$n" = 256 ] && toks=$t256
-  step "old-dump-$n" 120 "$old" "${fwd[@]}" --tokens "$toks" --dump "$d/old-$n.safetensors"
-  step "new-vs-old-$n" 120 "$new" "${fwd[@]}" --tokens "$toks" --reference "$d/old-$n.safetensors"
-done
-rm -rf "$d"
-for n in 16 256; do
-  toks=$t16; [ "$n" = 256 ] && toks=$t256
-  for r in $(seq 1 "${ROUNDS:-3}"); do
-    step "old-$n-r$r" 120 "$old" "${fwd[@]}" --tokens "$toks" --bench 5
-    step "new-$n-r$r" 120 "$new" "${fwd[@]}" --tokens "$toks" --bench 5
-  done
-done
+ab_forwards "$old" "$new" "${ROUNDS:-3}" "${fwd[@]}"
+t16=$(seq -s, 1000 1015); t256=$(seq -s, 1000 1255)
 census=(--metrics gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread --csv --print-units base
   --clock-control none)
 step census-new-16 150 "$ncu" "${census[@]}" "$new" "${fwd[@]}" --tokens "$t16" --bench 1

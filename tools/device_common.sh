@@ -2,7 +2,8 @@
 # device_kernel_profile.sh, device_ncu_kernel.sh) once `out` (the result dir, absolute) is set: the driver's libcuda on the
 # library path, the GPU (gpu.txt) and GLMCHECK_COMMIT (commit.txt) written into OUTDIR, OUTDIR
 # packed into $OUT/x.tar.xz at exit when OUT is set, and
-# `step NAME MAX_S CMD…`: stdout → NAME.json, stderr → NAME.log, rc and seconds → rc.txt.
+# `step NAME MAX_S CMD…`: stdout → NAME.json, stderr → NAME.log, rc and seconds → rc.txt, and
+# `ab_forwards OLD NEW ROUNDS FORWARD_ARGS…`: an OLD-vs-NEW pair on the same forward (see below).
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 pack() { [ -n "${OUT:-}" ] && tar -C "$(dirname "$out")" -cJf "$OUT/x.tar.xz" "$(basename "$out")"; }
 trap pack EXIT
@@ -12,4 +13,26 @@ step() {
   local name=$1 max=$2; shift 2; local t0; t0=$(date +%s.%N)
   timeout "$max" "$@" > "$out/$name.json" 2> "$out/$name.log"
   local rc=$?; echo "$name rc=$rc $(awk "BEGIN{print $(date +%s.%N) - $t0}") s" >> "$out/rc.txt"
+}
+
+# ab_forwards OLD NEW ROUNDS FORWARD_ARGS…: for 16 and 256 tokens (1000..), OLD's dump and NEW's
+# forward against it (old-dump-N, new-vs-old-N), then ROUNDS interleaved `--bench 5` rounds of each
+# (old-N-rR, new-N-rR). Dumps go to $work/dumps and are removed.
+ab_forwards() {
+  local old=$1 new=$2 rounds=$3; shift 3
+  local t16 t256 d=$work/dumps n toks r; t16=$(seq -s, 1000 1015); t256=$(seq -s, 1000 1255)
+  mkdir -p "$d"
+  for n in 16 256; do
+    toks=$t16; [ "$n" = 256 ] && toks=$t256
+    step "old-dump-$n" 120 "$old" "$@" --tokens "$toks" --dump "$d/old-$n.safetensors"
+    step "new-vs-old-$n" 120 "$new" "$@" --tokens "$toks" --reference "$d/old-$n.safetensors"
+  done
+  rm -rf "$d"
+  for n in 16 256; do
+    toks=$t16; [ "$n" = 256 ] && toks=$t256
+    for r in $(seq 1 "$rounds"); do
+      step "old-$n-r$r" 120 "$old" "$@" --tokens "$toks" --bench 5
+      step "new-$n-r$r" 120 "$new" "$@" --tokens "$toks" --bench 5
+    done
+  done
 }

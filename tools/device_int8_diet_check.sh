@@ -20,21 +20,9 @@ work=${WORK:-/tmp/gpub}; mkdir -p "$work"; model=$work/m.gguf
 ncu=$(command -v ncu || echo /usr/local/cuda-13.0/bin/ncu)
 step unit 150 "$tests" --test-threads 1 --nocapture the_bf16_quantizer the_int8_ split_k
 [ -f "$model" ] || step synth 220 "$new" synth --dims glm5 --layers 3 --qtype q4_k_m --out "$model" --force --json
-t16=$(seq -s, 1000 1015); t256=$(seq -s, 1000 1255); d=$work/dumps; mkdir -p "$d"
 q8=(forward "$model" --device cuda --dtype bf16 --matmul q8 --max-new-tokens 0 --json)
-for n in 16 256; do
-  toks=$t16; [ "$n" = 256 ] && toks=$t256
-  step "old-dump-$n" 120 "$old" "${q8[@]}" --tokens "$toks" --dump "$d/old-$n.safetensors"
-  step "new-vs-old-$n" 120 "$new" "${q8[@]}" --tokens "$toks" --reference "$d/old-$n.safetensors"
-done
-rm -rf "$d"
-for n in 16 256; do
-  toks=$t16; [ "$n" = 256 ] && toks=$t256
-  for r in $(seq 1 "${ROUNDS:-4}"); do
-    step "old-$n-r$r" 120 "$old" "${q8[@]}" --tokens "$toks" --bench 5
-    step "new-$n-r$r" 120 "$new" "${q8[@]}" --tokens "$toks" --bench 5
-  done
-done
+ab_forwards "$old" "$new" "${ROUNDS:-4}" "${q8[@]}"
+t16=$(seq -s, 1000 1015); t256=$(seq -s, 1000 1255)
 census=(--metrics gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread --csv --print-units base
   --clock-control none)
 for n in 16 256; do
