@@ -5,7 +5,7 @@
 //! multiplied there) and `cuda/q8_moe.cu` (q8 mode's experts on int8 tensor cores, fragments built
 //! from the raw blocks) and `cuda/rope.cu` (RoPE with transformers' per-op roundings) and
 //! `cuda/q8_quantize.cu` (q8 mode's Q8_1 quantizer reading bf16) and `cuda/fused.cu` (the fused
-//! masked softmax and MoE combine) with nvcc into a static library.
+//! masked softmax, MoE combine and MLA keys/values) with nvcc into a static library.
 //! Without the feature this does nothing: CI and the README's commands never need nvcc.
 //!
 //! Environment: `CUDA_COMPUTE_CAP` (default 90), nvcc from `$CUDA_HOME/bin` or `PATH`, and

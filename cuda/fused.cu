@@ -1,5 +1,5 @@
-// Two fused elementwise chains of the forward, each one launch instead of four or five, with the
-// very roundings of the candle kernels they replace (tested bit for bit against them on the device):
+// Fused chains of the forward, each one launch instead of three to six, with the very roundings of
+// the candle kernels they replace (tested bit for bit against them on the device):
 //
 //  * attention's scaled, masked softmax: candle computes `affine(scores, scale)` in the scores'
 //    dtype (one product rounded to it; `add` is 0), casts to f32, adds the f32 mask `[T, S]`
@@ -11,6 +11,7 @@
 //    dtype: candle's `bmul` rounds each product, `fast_sum_small_f32` adds them in slot order
 //    starting from 0. Here each product and each sum an explicit round-to-nearest intrinsic, so nvcc
 //    contracts nothing into a fused multiply-add.
+//  * MLA's per-head keys `[k_nope | k_rot]` and values from kv_b's output: copies only.
 //
 // Built by build.rs with `--features cuda`; declared in src/model/fused_cuda.rs.
 

@@ -1,5 +1,5 @@
-//! Two elementwise chains of the forward fused into one launch each on CUDA (`cuda/fused.cu`), with
-//! the roundings of the candle kernels they replace, bit for bit (tests below, on the device):
+//! Elementwise chains of the forward fused into one launch each on CUDA (`cuda/fused.cu`), with the
+//! roundings of the candle kernels they replace, bit for bit (tests below, on the device):
 //!
 //! * [`masked_softmax`]: attention's `softmax_f32((scores · scale) as f32 + mask)` cast back to
 //!   the scores' dtype: five launches (affine, cast, broadcast add, softmax, cast) and four
@@ -70,6 +70,7 @@ pub fn masked_softmax(scores: &Tensor, scale: f64, mask: &Tensor) -> Result<Opti
     };
     if !enabled()
         || !scores.device().is_cuda()
+        || scores.elem_count() == 0
         || mask.dtype() != DType::F32
         || mdims != (t, s)
         || code(scores.dtype()).is_none()
@@ -95,8 +96,11 @@ pub fn slot_sum(y: &Tensor, w: &Tensor, dtype: DType) -> Result<Option<Tensor>> 
     let (Ok((t, k, _)), Ok(wdims)) = (y.dims3(), w.dims2()) else {
         return Ok(None);
     };
+    // candle sums more than 32 values per output with a block tree (another order): decline.
     if !enabled()
         || !y.device().is_cuda()
+        || y.elem_count() == 0
+        || k > 32
         || y.dtype() != DType::F32
         || w.dtype() != DType::F32
         || wdims != (t, k)
@@ -120,6 +124,7 @@ pub fn mla_kv(kv: &Tensor, k_rot: &Tensor, nope: usize) -> Result<Option<(Tensor
     };
     if !enabled()
         || !kv.device().is_cuda()
+        || kv.elem_count() == 0
         || tr != t
         || w <= nope
         || kv.dtype() != k_rot.dtype()
@@ -337,22 +342,36 @@ mod tests {
     fn the_fused_masked_softmax_equals_candles_chain_bit_for_bit() -> Result<()> {
         let Some(dev) = cuda() else { return Ok(()) };
         let scale = 1.0 / (256f64).sqrt() * 1.2345;
-        for (h, t) in [(3usize, 5usize), (4, 32), (2, 77)] {
-            let causal = crate::model::ops::CausalMask::new(t, DType::F32, &dev)?;
+        // (heads, queries, keys): causal masks where queries = keys, else a random one.
+        for (h, t, s) in [
+            (3usize, 5usize, 5usize),
+            (4, 32, 32),
+            (2, 77, 77),
+            (3, 6, 40),
+        ] {
+            let mask = if t == s {
+                crate::model::ops::CausalMask::new(t, DType::F32, &dev)?.additive
+            } else {
+                let allowed = Tensor::rand(0f32, 1.0, (t, s), &dev)?.ge(0.3)?;
+                crate::model::ops::additive(&allowed, f64::from(f32::MIN))?
+            };
             for dtype in [DType::F32, DType::F16, DType::BF16] {
-                let scores = (Tensor::randn(0f32, 4.0, (h, t, t), &dev)?).to_dtype(dtype)?;
-                let got = masked_softmax(&scores, scale, &causal.additive)?
+                let scores = (Tensor::randn(0f32, 4.0, (h, t, s), &dev)?).to_dtype(dtype)?;
+                let got = masked_softmax(&scores, scale, &mask)?
                     .ok_or_else(|| candle_core::Error::Msg("kernel declined".into()))?;
                 let want = candle_nn::ops::softmax_last_dim(
                     &(&scores * scale)?
                         .to_dtype(DType::F32)?
-                        .broadcast_add(&causal.additive)?,
+                        .broadcast_add(&mask)?,
                 )?
                 .to_dtype(dtype)?;
                 assert_eq!(got.dtype(), dtype);
                 let (g, w) = (bits(&got)?, bits(&want)?);
                 let differ = g.iter().zip(&w).filter(|(a, b)| a != b).count();
-                assert_eq!(differ, 0, "{dtype:?} h={h} t={t}: {differ} values differ");
+                assert_eq!(
+                    differ, 0,
+                    "{dtype:?} h={h} t={t} s={s}: {differ} values differ"
+                );
             }
         }
         Ok(())

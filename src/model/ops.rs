@@ -226,8 +226,13 @@ impl Rope {
         offset: usize,
         heads_out_first: bool,
     ) -> Result<Tensor> {
+        // The tables' width is the rotated width the kernel takes: it must be this rope's.
         #[cfg(feature = "cuda")]
-        if x.device().is_cuda() && super::fused_cuda::enabled() {
+        if x.device().is_cuda()
+            && super::fused_cuda::enabled()
+            && x.elem_count() > 0
+            && 2 * tables.cos.dim(1)? == self.dim
+        {
             let cos = tables.cos.to_dtype(x.dtype())?;
             let sin = tables.sin.to_dtype(x.dtype())?;
             let interleaved = matches!(layout, RopeLayout::Interleaved);
@@ -417,7 +422,15 @@ mod tests {
                 for (h, w, off, first) in [(5, 40, 24, true), (3, 32, 0, false), (1, 20, 0, false)]
                 {
                     let x = Tensor::randn(0f32, 1.0, (t, h, w), &dev)?.to_dtype(dtype)?;
-                    let got = rope.rotate_part(layout, &x, &tables, off, first)?;
+                    let interleaved = matches!(layout, RopeLayout::Interleaved);
+                    let got = crate::model::rope_cuda::rotate_part(
+                        &x,
+                        &tables.cos,
+                        &tables.sin,
+                        off,
+                        interleaved,
+                        first,
+                    )?;
                     let want = rope.rotate_part_chain(layout, &x, &tables, off, first)?;
                     assert_eq!(got.dims(), want.dims());
                     let bits = |v: &Tensor| -> Result<Vec<u32>> {

@@ -125,7 +125,11 @@ impl CustomOp3 for RopePartOp {
             )
         };
         let (tt, half) = cl.shape().dims2()?;
-        if tt != t || sl.shape().dims2()? != (t, half) || xs.dtype() != cs.dtype() {
+        if tt != t
+            || sl.shape().dims2()? != (t, half)
+            || xs.dtype() != cs.dtype()
+            || xs.dtype() != ss.dtype()
+        {
             candle_core::bail!("rope: tables {:?} for {:?}", cl.shape(), xl.shape())
         }
         let (t32, h32, w32) = (
@@ -215,7 +219,11 @@ impl CustomOp3 for RopeOp {
             candle_core::bail!("rope: {:?} is not a contiguous [.., d]", xl.shape())
         };
         let (t, half) = cl.shape().dims2()?;
-        if sl.shape().dims2()? != (t, half) || 2 * half != d || xs.dtype() != cs.dtype() {
+        if sl.shape().dims2()? != (t, half)
+            || 2 * half != d
+            || xs.dtype() != cs.dtype()
+            || xs.dtype() != ss.dtype()
+        {
             candle_core::bail!("rope: tables {:?} for {:?}", cl.shape(), xl.shape())
         }
         let rows = xl.shape().elem_count() / d.max(1);
