@@ -81,3 +81,15 @@ pub fn check(op: &str, rc: i32) -> Result<()> {
         _ => candle_core::bail!("{op}: CUDA refused the launch (code {rc})"),
     }
 }
+
+/// Test helper: the bit patterns of a tensor's values as f32 (exact for f16/bf16), for the
+/// bit-for-bit comparisons of the kernels' tests against candle's chains.
+#[cfg(test)]
+pub fn bits(x: &candle_core::Tensor) -> Result<Vec<u32>> {
+    Ok(x.to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?
+        .iter()
+        .map(|v| v.to_bits())
+        .collect())
+}

@@ -324,15 +324,7 @@ mod tests {
         }
     }
 
-    /// Bit patterns of a tensor as f32 (exact for f16/bf16).
-    fn bits(x: &Tensor) -> Result<Vec<u32>> {
-        Ok(x.to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?
-            .iter()
-            .map(|v| v.to_bits())
-            .collect())
-    }
+    use crate::model::cuda_ffi::bits;
 
     /// The fused softmax equals candle's five-launch chain bit for bit, in f32, f16 and bf16, with
     /// a causal mask of `finfo.min` (rows of one allowed key included), key counts below, at and

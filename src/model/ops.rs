@@ -433,14 +433,7 @@ mod tests {
                     )?;
                     let want = rope.rotate_part_chain(layout, &x, &tables, off, first)?;
                     assert_eq!(got.dims(), want.dims());
-                    let bits = |v: &Tensor| -> Result<Vec<u32>> {
-                        Ok(v.to_dtype(DType::F32)?
-                            .flatten_all()?
-                            .to_vec1::<f32>()?
-                            .iter()
-                            .map(|f| f.to_bits())
-                            .collect())
-                    };
+                    let bits = crate::model::cuda_ffi::bits;
                     let (g, w) = (bits(&got)?, bits(&want)?);
                     let differ = g.iter().zip(&w).filter(|(a, b)| a != b).count();
                     assert_eq!(differ, 0, "{layout:?} {dtype:?} h={h} off={off}");
