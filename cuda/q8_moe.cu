@@ -263,7 +263,9 @@ __device__ __forceinline__ void step_dot(const uint8_t * const (&b)[2], const fl
 // dst[ids_dst[j]] = W[experts[z]] · y_j for the grouped columns j of active expert z
 // (bounds[z]..bounds[z+1]). W: [E, n_out, k_in] blocks, row_bytes per row, expert_bytes per expert;
 // y: block_q8_1_mmq, block (kb, j) at (kb·ncols_y + j)·144; dst: f32 [.., n_out].
-// Grid: (n_out / 64, column tiles of 8·NT, active experts · splits). With splits > 1 (split-K, for
+// Grid: (column tiles of 8·NT, n_out / 64, active experts · splits): the column tiles of one row
+// block are neighbours in launch order, so a dense weight run with several column tiles (q8's
+// wide dense route) is read from DRAM once and from L2 by the others. With splits > 1 (split-K, for
 // grids too small to fill the GPU) split sp sums its share of the k steps into
 // partial[sp][ncols_y][n_out] instead of dst; glmcheck_splitk_sum adds the splits in order.
 template <int T, int NT, bool ALIGNED>
@@ -274,7 +276,7 @@ __global__ void __launch_bounds__(THREADS) glmcheck_q8mm(
         float * __restrict__ dst, int n_out, int k_in, int splits, float * __restrict__ partial) {
     constexpr int TN = 8 * NT, B = bytes_256(T), CH = chunks(T), P = pitch(T);
     const int z = blockIdx.z / splits, sp = blockIdx.z % splits;
-    const int col0 = bounds[z] + blockIdx.y * TN;
+    const int col0 = bounds[z] + blockIdx.x * TN;
     const int ncols = min(TN, bounds[z + 1] - col0);
     // This block's k steps: all of them, or split sp's share.
     const int all_steps = k_in / KS, per = (all_steps + splits - 1) / splits;
@@ -282,7 +284,7 @@ __global__ void __launch_bounds__(THREADS) glmcheck_q8mm(
     if (ncols <= 0 || s0 >= s1) {
         return;
     }
-    const int n0 = blockIdx.x * BM;
+    const int n0 = blockIdx.y * BM;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 
     // Shared memory: raw[2][BM][P] | xs[2][TN][XP].
@@ -399,7 +401,7 @@ int launch(const void * w, long long expert_bytes, long long row_bytes, const vo
                                 (int) cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
         return 3;
     }
-    const dim3 grid(n_out / BM, (max_cols + 8 * NT - 1) / (8 * NT), n_active * splits);
+    const dim3 grid((max_cols + 8 * NT - 1) / (8 * NT), n_out / BM, n_active * splits);
     kernel<<<grid, THREADS, shared, stream>>>((const uint8_t *) w, expert_bytes, row_bytes, (const uint8_t *) y,
                                               ncols_y, ids_dst, bounds, experts, dst, n_out, k_in, splits, partial);
     if (splits > 1) {
@@ -419,6 +421,8 @@ int launch_tn(int tn, const void * w, long long expert_bytes, long long row_byte
         case 8: return GLMCHECK_TN(1);
         case 16: return GLMCHECK_TN(2);
         case 32: return GLMCHECK_TN(4);
+        case 64: return GLMCHECK_TN(8);
+        case 128: return GLMCHECK_TN(16);
         default: return 2;
     }
 #undef GLMCHECK_TN
@@ -432,14 +436,15 @@ extern "C" int glmcheck_q8_moe_type(int ggml_type) {
 }
 
 // Returns 0 when launched, 1 for a type without a kernel, 2 for a shape or tile width it does not
-// take (n_out % 64, k_in % 256, tn not 8, 16 or 32, splits < 1 or more than k_in / 256, splits > 1
-// without a partial buffer), 3 for a CUDA error. tn: tokens per tile. splits > 1: split-K, partial
-// holds splits · ncols_y · n_out floats.
+// take (n_out % 64, more than 65535 row blocks, k_in % 256, tn not 8, 16, 32, 64 or 128, splits < 1
+// or more than k_in / 256, splits > 1 without a partial buffer), 3 for a CUDA error. tn: tokens per
+// tile (64 and 128: q8's dense route past 16 tokens; the experts take at most 32, see
+// src/model/q8_cuda.rs). splits > 1: split-K, partial holds splits · ncols_y · n_out floats.
 extern "C" int glmcheck_q8_moe(int ggml_type, int tn, const void * w, long long expert_bytes, long long row_bytes,
                                const void * y, int ncols_y, const int32_t * ids_dst, const int32_t * bounds,
                                const int32_t * experts, float * dst, int n_out, int k_in, int n_active,
                                int max_cols, int splits, float * partial, void * stream) {
-    if (n_out % BM != 0 || k_in % KS != 0 || n_active <= 0 || max_cols <= 0 || splits < 1
+    if (n_out % BM != 0 || n_out / BM > 65535 || k_in % KS != 0 || n_active <= 0 || max_cols <= 0 || splits < 1
         || splits > k_in / KS || (splits > 1 && partial == nullptr) || (long long) n_active * splits > 65535) {
         return 2;
     }

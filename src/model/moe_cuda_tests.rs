@@ -5,7 +5,8 @@
 
 use super::*;
 use crate::model::q8_cuda::{
-    dense_on_int8, int8_dense, int8_tile, split_count, Q8Kernel, INT8_DENSE_TOKENS,
+    dense_on_int8, dense_tile, int8_dense, int8_tile, split_count, Q8Kernel, DENSE_TILE_MAX,
+    EXPERT_TILE_MAX, INT8_DENSE_TOKENS,
 };
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, IndexOp, Tensor};
@@ -175,7 +176,7 @@ fn the_int8_expert_kernel_equals_llama_cpps_mmq() -> Result<()> {
                 let err = rel_l2(&got, &want)?;
                 eprintln!(
                     "{qt:?} t={t} tile={} by_token={by_token}: rel-L2 {err:.2e}",
-                    int8_tile(g.tile_width())
+                    int8_tile(g.tile_width(), EXPERT_TILE_MAX)
                 );
                 assert!(
                     err < 1e-5,
@@ -259,10 +260,48 @@ fn split_k_on_the_int8_kernel_equals_candles_mmq() -> Result<()> {
             let x = Tensor::randn(0f32, 1.0, (t, inp), &dev)?;
             let want = x.apply_op1_no_bwd(&q)?.to_device(&Device::Cpu)?;
             for splits in 1..=5 {
-                let got = dense_on_int8(&q, &x, splits)?.to_device(&Device::Cpu)?;
+                let got =
+                    dense_on_int8(&q, &x, splits, EXPERT_TILE_MAX)?.to_device(&Device::Cpu)?;
                 let err = rel_l2(&got, &want)?;
                 eprintln!("{qt:?} t={t} splits={splits}: rel-L2 {err:.2e}");
                 assert!(err < 1e-5, "{qt:?} t={t} splits={splits}: rel-L2 {err:.2e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The int8 kernel's wide tiles (64 and 128 tokens, q8's dense route past 16 tokens,
+/// `GLMCHECK_Q8_DENSE=wide`) against candle's own quantized matmul (its MMQ, which those matmuls
+/// run by default): Q4_K, Q6_K, Q8_0; 24 to 300 tokens (partial tiles, several column tiles of
+/// one row block: the grid runs them as neighbours), 1 and 3 splits. A column tile that read
+/// another tile's tokens or wrote another's rows would be off by a rel-L2 near 1.
+#[test]
+fn the_int8_kernels_wide_tiles_equal_candles_mmq() -> Result<()> {
+    let Ok(dev) = Device::new_cuda(0) else {
+        eprintln!("no CUDA device: skipped");
+        return Ok(());
+    };
+    assert_eq!(dense_tile(17), 32);
+    assert_eq!(dense_tile(40), 64);
+    assert_eq!(dense_tile(256), DENSE_TILE_MAX);
+    let (out, inp) = (640usize, 6 * 256usize);
+    let w = Tensor::randn(0f32, 1.0, (out, inp), &Device::Cpu)?;
+    for qt in [GgmlDType::Q4K, GgmlDType::Q6K, GgmlDType::Q8_0] {
+        let q = QTensor::quantize_onto(&w, qt, &dev)?;
+        for t in [24usize, 64, 100, 256, 300] {
+            let x = Tensor::randn(0f32, 1.0, (t, inp), &dev)?;
+            let want = x.apply_op1_no_bwd(&q)?.to_device(&Device::Cpu)?;
+            for cap in [32usize, 64, 128] {
+                for splits in [1usize, 3] {
+                    let got = dense_on_int8(&q, &x, splits, cap)?.to_device(&Device::Cpu)?;
+                    let err = rel_l2(&got, &want)?;
+                    eprintln!("{qt:?} t={t} cap={cap} splits={splits}: rel-L2 {err:.2e}");
+                    assert!(
+                        err < 1e-5,
+                        "{qt:?} t={t} cap={cap} splits={splits}: rel-L2 {err:.2e}"
+                    );
+                }
             }
         }
     }

@@ -125,19 +125,21 @@ impl Grouping {
         by_token: bool,
         kernel: Q8Kernel,
     ) -> Result<Tensor> {
-        self.grouped(w, x, by_token, kernel, 1)
+        self.grouped(w, x, by_token, kernel, 1, EXPERT_TILE_MAX)
     }
 
     /// [`Grouping::matmul`] by the int8 kernel with its k steps split `splits` ways (split-K:
-    /// partial sums per split, added in split order by a second launch).
+    /// partial sums per split, added in split order by a second launch) and tiles up to
+    /// `tile_cap` tokens wide.
     pub(crate) fn matmul_split(
         &self,
         w: &QTensor,
         x: &Tensor,
         by_token: bool,
         splits: usize,
+        tile_cap: usize,
     ) -> Result<Tensor> {
-        self.grouped(w, x, by_token, Q8Kernel::Int8, splits)
+        self.grouped(w, x, by_token, Q8Kernel::Int8, splits, tile_cap)
     }
 
     fn grouped(
@@ -147,6 +149,7 @@ impl Grouping {
         by_token: bool,
         kernel: Q8Kernel,
         splits: usize,
+        tile_cap: usize,
     ) -> Result<Tensor> {
         let op = GroupedMatmul {
             w,
@@ -154,6 +157,7 @@ impl Grouping {
             by_token,
             kernel,
             splits: splits.max(1),
+            tile_cap,
         };
         x.contiguous()?.apply_op2_no_bwd(&self.table, &op)
     }
@@ -166,6 +170,8 @@ struct GroupedMatmul<'a> {
     kernel: Q8Kernel,
     /// k split this many ways (int8 kernel only; 1: no split).
     splits: usize,
+    /// The int8 kernel's widest tile ([`int8_tile`]).
+    tile_cap: usize,
 }
 
 /// The Q8_1 activation quantizers candle-kernels exports (one per scale layout, f32 input).
@@ -286,6 +292,8 @@ struct Launch {
     active: usize,
     max_rows: usize,
     tile: usize,
+    /// The int8 kernel's widest tile here ([`int8_tile`]).
+    tile_cap: usize,
     stride_expert: usize,
     /// Split-K ways and the partial sums' buffer (`splits · rows · out` f32; null for 1).
     splits: usize,
@@ -296,19 +304,24 @@ struct Launch {
 }
 
 /// The int8 kernel's tile width in tokens: the grouping's choice ([`Grouping::tile_width`], which
-/// weighs re-reading an expert's weights per tile against padded columns) capped at 32 (wider tiles
-/// hold too many accumulators). The kernel skips a tile's empty groups of 8 tokens. Measured on an
-/// H200 at 256 tokens (ncu, the six expert launches of a 3-layer GLM-5 synth): 7.30 ms with this
-/// choice (16 wide), 7.87 ms with the narrowest tile holding the busiest expert (32 wide: fewer
-/// resident blocks), 7.50 ms before the skipping. `GLMCHECK_Q8_TILE=8|16|32` fixes the width (to
-/// measure the choice).
-pub(crate) fn int8_tile(grouping_tile: usize) -> usize {
-    let fixed = std::env::var("GLMCHECK_Q8_TILE")
-        .ok()
+/// weighs re-reading an expert's weights per tile against padded columns) capped at `cap`: 32 for
+/// the routed experts ([`EXPERT_TILE_MAX`]: wider tiles hold too many accumulators for the few
+/// tokens an expert gets), up to 128 for q8's dense route ([`DENSE_TILE_MAX`]). The kernel skips a
+/// tile's empty groups of 8 tokens. Measured on an H200 at 256 tokens (ncu, the six expert launches
+/// of a 3-layer GLM-5 synth): 7.30 ms with this choice (16 wide), 7.87 ms with the narrowest tile
+/// holding the busiest expert (32 wide: fewer resident blocks), 7.50 ms before the skipping.
+/// `GLMCHECK_Q8_TILE=8|16|32` fixes the experts' width (to measure the choice).
+pub(crate) fn int8_tile(grouping_tile: usize, cap: usize) -> usize {
+    let fixed = (cap == EXPERT_TILE_MAX)
+        .then(|| std::env::var("GLMCHECK_Q8_TILE").ok())
+        .flatten()
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|w| [8, 16, 32].contains(w));
-    fixed.unwrap_or(grouping_tile.min(32))
+    fixed.unwrap_or(grouping_tile.min(cap))
 }
+
+/// The widest int8 tile the routed experts take (see [`int8_tile`]).
+pub(crate) const EXPERT_TILE_MAX: usize = 32;
 
 impl GroupedMatmul<'_> {
     /// The grouped product by the int8 kernel where it applies, llama.cpp's MMQ elsewhere.
@@ -323,7 +336,7 @@ impl GroupedMatmul<'_> {
             match int8 {
                 Some(id) => glmcheck_q8_moe(
                     id,
-                    int8_tile(l.tile) as i32,
+                    int8_tile(l.tile, l.tile_cap) as i32,
                     l.w,
                     (l.stride_expert * block_bytes) as i64,
                     (l.inp / qk * block_bytes) as i64,
@@ -482,6 +495,7 @@ impl CustomOp2 for GroupedMatmul<'_> {
             active,
             max_rows: g.max_rows(),
             tile: g.tile_width(),
+            tile_cap: self.tile_cap,
             stride_expert,
             splits: self.splits,
             partial: partial_ptr
@@ -541,21 +555,28 @@ pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
     let forced_off = choice.as_ref().is_some_and(|v| v == "candle");
     let narrow = choice.as_ref().is_some_and(|v| v == "narrow");
     let split = choice.as_ref().is_some_and(|v| v == "splitk");
+    let wide = choice.as_ref().is_some_and(|v| v == "wide");
     let any_grid = split || choice.as_ref().is_some_and(|v| v == "all");
     let t = x.dim(0)?;
     let (&[out, inp], candle_core::Device::Cuda(dev)) = (w.shape().dims(), x.device()) else {
         return Ok(None);
     };
+    let wide = wide && t > *INT8_DENSE_TOKENS.end();
     // The cheap conditions first: every q8 dense matmul of the forward passes here.
     if forced_off
         || !matches!(x.dtype(), DType::F32 | DType::BF16)
-        || !INT8_DENSE_TOKENS.contains(&t)
+        || !(wide || INT8_DENSE_TOKENS.contains(&t))
         || !inp.is_multiple_of(256)
         || Q8Kernel::Int8.int8_type(w).is_none()
     {
         return Ok(None);
     }
     let sms = sm_count(dev)?;
+    if wide {
+        let tile = dense_tile(t);
+        let splits = split_count((out / 64) * t.div_ceil(tile), inp / 256, sms);
+        return dense_on_int8(w, x, splits, tile).map(Some);
+    }
     let narrow = narrow && out / 64 <= NARROW_BLOCKS;
     if !any_grid && !narrow && out / 64 < 2 * sms {
         return Ok(None);
@@ -565,7 +586,26 @@ pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
     } else {
         1
     };
-    dense_on_int8(w, x, splits).map(Some)
+    dense_on_int8(w, x, splits, EXPERT_TILE_MAX).map(Some)
+}
+
+/// The widest int8 tile of q8's dense route (`GLMCHECK_Q8_DENSE=wide`, past 16 tokens): 128
+/// tokens, each weight block read once per 128 tokens.
+pub(crate) const DENSE_TILE_MAX: usize = 128;
+
+/// The int8 tile width for a dense matmul of `t` tokens on the wide route: the narrowest of 32, 64
+/// and 128 holding all of them, else 128; `GLMCHECK_Q8_DENSE_TILE=32|64|128` fixes it (to measure).
+pub(crate) fn dense_tile(t: usize) -> usize {
+    let fixed = std::env::var("GLMCHECK_Q8_DENSE_TILE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|w| [32, 64, 128].contains(w));
+    fixed.unwrap_or_else(|| {
+        [32, 64]
+            .into_iter()
+            .find(|&w| t <= w)
+            .unwrap_or(DENSE_TILE_MAX)
+    })
 }
 
 /// `GLMCHECK_Q8_DENSE=narrow` splits k for dense grids of at most this many blocks of 64 rows
@@ -573,14 +613,20 @@ pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
 /// gate/up).
 pub(crate) const NARROW_BLOCKS: usize = 32;
 
-/// Split-K ways for a grid of `blocks` row blocks and `steps` k steps of 256: enough for twice
-/// the SMs' worth of blocks, at least one step per split.
+/// Split-K ways for a grid of `blocks` blocks and `steps` k steps of 256: enough for twice the
+/// SMs' worth of blocks, at least one step per split.
 pub(crate) fn split_count(blocks: usize, steps: usize, sms: usize) -> usize {
     (2 * sms).div_ceil(blocks.max(1)).clamp(1, steps.max(1))
 }
 
-/// `x · Wᵀ` by the int8 kernel (a one-expert stack, all `T` rows), k split `splits` ways.
-pub(crate) fn dense_on_int8(w: &QTensor, x: &Tensor, splits: usize) -> Result<Tensor> {
+/// `x · Wᵀ` by the int8 kernel (a one-expert stack, all `T` rows), k split `splits` ways, tiles
+/// of up to `tile_cap` tokens (the identity grouping's [`Grouping::tile_width`] below that).
+pub(crate) fn dense_on_int8(
+    w: &QTensor,
+    x: &Tensor,
+    splits: usize,
+    tile_cap: usize,
+) -> Result<Tensor> {
     let t = x.dim(0)?;
     IDENTITY.with(|cell| {
         let mut cell = cell.borrow_mut();
@@ -588,7 +634,7 @@ pub(crate) fn dense_on_int8(w: &QTensor, x: &Tensor, splits: usize) -> Result<Te
             Some(g) if g.rows == t && g.table.device().same_device(x.device()) => cell.insert(g),
             _ => cell.insert(Grouping::identity(t, x.device())?),
         };
-        g.matmul_split(w, x, true, splits)
+        g.matmul_split(w, x, true, splits, tile_cap)
     })
 }
 
