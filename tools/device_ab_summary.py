@@ -24,8 +24,12 @@ def ncu_rows(path):
 
 
 def kernel(name):
-    """A kernel's name without its arguments, namespace or template parameters."""
-    name = name.split("(")[0].replace("void ", "").replace("<unnamed>::", "")
+    """A kernel's name without its arguments, namespace or template parameters; glmcheck's own
+    kernels keep their template parameters (the int8 kernel's type and tile width tell the routed
+    experts from the dense route's wide tiles)."""
+    name = name.split("(")[0].replace("void ", "").replace("<unnamed>::", "").strip()
+    if name.startswith("glmcheck_"):
+        return re.sub(r"\s+", "", name)
     return re.sub(r"<.*", "", name).strip()
 
 
