@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# On the GPU machine, one call (~9 min on an H200): q8's wide dense route (`GLMCHECK_Q8_DENSE=wide`:
-# dense matmuls past 16 tokens on glmcheck's int8 kernel, tiles up to 128 tokens) in a same-run pair
-# against transformers, and against the default route (candle's stream-k MMQ) at 256 tokens.
-#  0. the CUDA unit tests matching TEST_FILTERS (at most 75 s);
-#  1. tools/device_gpu_bench.sh phase Q with GLMCHECK = a wrapper that sets GLMCHECK_Q8_DENSE=wide
-#     (synth, glmcheck's --bench 5 forwards of both modes at 16 and 256 tokens, the HF export,
-#     transformers' timings and the module agreement at 16 tokens) into OUTDIR/q: 16 tokens and
-#     dequant mode run as without the wrapper (the route starts at 17 tokens);
-#  2. at 256 tokens, q8: the default route's dump and the wide route's forward against it
-#     (tolerance: within q8's, not bit for bit: stream-k sums k in another order), then ROUNDS
-#     interleaved --bench 5 rounds of each (default-256-rR, wide-256-rR);
-#  3. ncu census (every kernel's time, grid, registers) of one 256-token forward of each, with
-#     what time is left.
-# Usage: tools/device_wide_check.sh GLMCHECK TESTBIN OUTDIR
-# Env: TEST_FILTERS, ROUNDS (2), DEADLINE (s from start, 570), GLMCHECK_COMMIT, GPU_BENCH_* as
-# device_gpu_bench.sh takes them (peers under target-cuda/bin). OUT set: packs OUTDIR into
-# $OUT/x.tar.xz (keep OUTDIR outside $OUT). Figures: tools/device_gpu_summary.py OUTDIR/q (the pair)
-# and tools/device_ab_summary.py OUTDIR (the rest: old = default route, new = wide).
+# On the GPU machine, one call (~5 min on an H100): a change to q8's dense routes (NEW) against the
+# build before it (OLD), with a same-run pair against transformers:
+#  0. NEW's CUDA unit tests matching TEST_FILTERS (at most 75 s);
+#  1. tools/device_gpu_bench.sh phase Q with NEW (synth, glmcheck's --bench 5 forwards of both modes
+#     at 16 and 256 tokens, the HF export, transformers' timings, the module agreement at 16 tokens)
+#     into OUTDIR/q;
+#  2. at 256 tokens, q8: OLD's dump and NEW's forward against it (within q8's tolerance; not bit for
+#     bit when a matmul moves between kernels that sum k in another order), then ROUNDS interleaved
+#     --bench 5 rounds of each (old-256-rR, new-256-rR);
+#  3. ncu census (every kernel's time, grid, registers) of one 256-token forward of NEW and of OLD,
+#     and of NEW with CENSUS_ENV set (census-env-256; e.g. GLMCHECK_Q8_DENSE=wide), with what time
+#     is left.
+# NEW_ENV (e.g. GLMCHECK_Q8_DENSE=wide) is set for every NEW run (through a wrapper).
+# Usage: tools/device_wide_check.sh OLD_GLMCHECK NEW_GLMCHECK NEW_TESTBIN OUTDIR
+# Env: TEST_FILTERS, ROUNDS (2), DEADLINE (s from start, 570), NEW_ENV, CENSUS_ENV, GLMCHECK_COMMIT,
+# GPU_BENCH_* as device_gpu_bench.sh takes them (peers under target-cuda/bin). OUT set: packs OUTDIR
+# into $OUT/x.tar.xz (keep OUTDIR outside $OUT). Figures: tools/device_gpu_summary.py OUTDIR/q (the
+# pair) and tools/device_ab_summary.py OUTDIR (the rest).
 set -uo pipefail
-bin=$(readlink -f "$1"); tests=$(readlink -f "$2"); out=$3
+old=$(readlink -f "$1"); newbin=$(readlink -f "$2"); tests=$(readlink -f "$3"); out=$4
 mkdir -p "$out"; out=$(readlink -f "$out")
 T0=$(date +%s); DEADLINE=${DEADLINE:-570}
 work=${GPU_BENCH_WORK:-/tmp/gpub}; mkdir -p "$work"; model=$work/m.gguf
@@ -32,30 +32,35 @@ step() {
   timeout "$max" "$@" > "$out/$name.json" 2> "$out/$name.log"
   local rc=$?; echo "$name rc=$rc $(awk "BEGIN{print $(date +%s.%N) - $t0}") s" >> "$out/rc.txt"
 }
-wide=$out/glmcheck-wide
-printf '#!/bin/sh\nGLMCHECK_Q8_DENSE=wide exec %s "$@"\n' "$bin" > "$wide"; chmod +x "$wide"
+# NEW with NEW_ENV, as one executable
+new=$out/glmcheck-new
+printf '#!/bin/sh\nexec env %s %s "$@"\n' "${NEW_ENV:-}" "$newbin" > "$new"; chmod +x "$new"
 
 # 0. unit tests
 # shellcheck disable=SC2086
 step unit 75 "$tests" --test-threads 1 --nocapture ${TEST_FILTERS:-}
-# 1. the same-run pair, the wide route in q8 mode (leaves ~2 min for the rest)
-PACK=/dev/null GPU_BENCH_DEADLINE=$(($(left) - 120)) "$(dirname "$0")/device_gpu_bench.sh" "$wide" "$out/q" Q \
+# 1. the same-run pair (leaves ~2 min for the rest)
+PACK=/dev/null GPU_BENCH_DEADLINE=$(($(left) - 120)) "$(dirname "$0")/device_gpu_bench.sh" "$new" "$out/q" Q \
   > "$out/q.log" 2>&1
-# 2. default against wide at 256 tokens
+# 2. OLD against NEW at 256 tokens
 t256=$(seq -s, 1000 1255)
 fwd=(forward "$model" --device cuda --dtype bf16 --matmul q8 --max-new-tokens 0 --json --tokens "$t256")
 if [ -f "$model" ]; then
-  step old-dump-256 60 "$bin" "${fwd[@]}" --dump "$work/default-256.safetensors"
-  step new-vs-old-256 60 "$wide" "${fwd[@]}" --reference "$work/default-256.safetensors"
-  rm -f "$work/default-256.safetensors"
+  step old-dump-256 60 "$old" "${fwd[@]}" --dump "$work/old-256.safetensors"
+  step new-vs-old-256 60 "$new" "${fwd[@]}" --reference "$work/old-256.safetensors"
+  rm -f "$work/old-256.safetensors"
   for r in $(seq 1 "${ROUNDS:-2}"); do
-    step "old-256-r$r" 60 "$bin" "${fwd[@]}" --bench 5
-    step "new-256-r$r" 60 "$wide" "${fwd[@]}" --bench 5
+    step "old-256-r$r" 60 "$old" "${fwd[@]}" --bench 5
+    step "new-256-r$r" 60 "$new" "${fwd[@]}" --bench 5
   done
-  # 3. census (the census runs a captured forward and the timed one)
+  # 3. census (each runs a captured forward and the timed one)
   ncu=$(command -v ncu || echo /usr/local/cuda-13.0/bin/ncu)
   census=(--metrics gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread --csv --print-units base
     --clock-control none)
-  step census-new-256 60 "$ncu" "${census[@]}" "$wide" "${fwd[@]}" --bench 1
-  step census-old-256 60 "$ncu" "${census[@]}" "$bin" "${fwd[@]}" --bench 1
+  step census-new-256 60 "$ncu" "${census[@]}" "$new" "${fwd[@]}" --bench 1
+  step census-old-256 60 "$ncu" "${census[@]}" "$old" "${fwd[@]}" --bench 1
+  if [ -n "${CENSUS_ENV:-}" ]; then
+    # shellcheck disable=SC2086
+    step census-env-256 60 env $CENSUS_ENV "$ncu" "${census[@]}" "$new" "${fwd[@]}" --bench 1
+  fi
 fi

@@ -188,11 +188,12 @@ fn the_int8_expert_kernel_equals_llama_cpps_mmq() -> Result<()> {
     Ok(())
 }
 
-/// q8 mode's dense matmuls of 9 to 16 tokens by the int8 kernel (a dense weight as a one-expert
-/// stack, `int8_dense`) against candle's own quantized matmul of the same weight (its MMQ, the
-/// kernel those matmuls used before): the same integer dot products and scale expressions, so
-/// they agree to f32 summation order; a row or token mix-up gives a rel-L2 near 1. Outside the
-/// token range, and for a type the kernel lacks, `int8_dense` declines (candle's kernels run).
+/// q8 mode's dense matmuls by the int8 kernel (a dense weight as a one-expert stack,
+/// `int8_dense`: wide grids at 9 to 16 tokens, small grids past 16) against candle's own quantized
+/// matmul of the same weight (its MMQ, the kernel those matmuls used before): the same integer dot
+/// products and scale expressions, so they agree to f32 summation order; a row or token mix-up
+/// gives a rel-L2 near 1. Elsewhere, and for a type the kernel lacks, `int8_dense` declines
+/// (candle's kernels run).
 #[test]
 fn the_int8_dense_matmul_equals_candles_mmq() -> Result<()> {
     let Ok(dev) = Device::new_cuda(0) else {
@@ -235,6 +236,21 @@ fn the_int8_dense_matmul_equals_candles_mmq() -> Result<()> {
         int8_dense(&small, &x)?.is_none(),
         "a 3-block grid was taken"
     );
+    // Past 16 tokens it is the other way round: a small grid is taken (split-K), the wide one
+    // above is not (checked in the loop at 17 and 32 tokens).
+    for t in [17usize, 40, 256] {
+        let x = Tensor::randn(0f32, 1.0, (t, inp), &dev)?;
+        let Some(got) = int8_dense(&small, &x)? else {
+            panic!("a 3-block grid at {t} tokens was declined")
+        };
+        let want = x.apply_op1_no_bwd(&small)?;
+        let err = rel_l2(
+            &got.to_device(&Device::Cpu)?,
+            &want.to_device(&Device::Cpu)?,
+        )?;
+        eprintln!("small grid t={t}: rel-L2 {err:.2e}");
+        assert!(err < 1e-5, "small grid t={t}: rel-L2 {err:.2e}");
+    }
     Ok(())
 }
 

@@ -530,58 +530,67 @@ pub(crate) fn activations<'a>(
 }
 
 /// q8 mode's dense matmuls from 9 to this many tokens may go to the int8 kernel (one tile: each
-/// weight read once; see [`int8_dense`]); fewer stay on candle's MMVQ (llama.cpp's choice up to 8),
-/// more on candle's MMQ. Measured on an H200 (ncu, lm_head of GLM-5): 0.55 ms against MMQ's 0.66
-/// at 16 tokens, 0.95 against 0.77 at 32 (32-wide tiles: four times the per-block scale work).
+/// weight read once; see [`int8_dense`]); fewer stay on candle's MMVQ (llama.cpp's choice up to 8).
+/// Measured on an H200 (ncu, lm_head of GLM-5): 0.55 ms against MMQ's 0.66 at 16 tokens, 0.95
+/// against 0.77 at 32 (32-wide tiles: four times the per-block scale work).
 pub(crate) const INT8_DENSE_TOKENS: std::ops::RangeInclusive<usize> = 9..=16;
 
+/// Past [`INT8_DENSE_TOKENS`], dense grids of at most this many blocks of 64 rows run on the int8
+/// kernel with k split over enough blocks to fill the GPU (GLM-5's `kv_a_proj_with_mqa`, 9 blocks,
+/// and the indexer's `wk`, 2): candle's stream-k MMQ spends most of their time in its fixup.
+/// Measured on an H100 at 256 tokens (ncu, per layer, kernel + fixup or split sum):
+/// kv_a_proj_with_mqa 108 → 33 µs, wk 101 → 22 µs; wider grids lost on the int8 kernel (q_a_proj,
+/// 32 blocks, 79 → 102 µs; the dense MLP's 192-block projections 256 → 454; lm_head 3.39 → 9.24
+/// ms: llama.cpp's 128×128 MMQ tiles beat the int8 kernel's there), so they stay on MMQ.
+pub(crate) const SMALL_GRID_BLOCKS: usize = 16;
+
 /// `x · Wᵀ` for a dense quantized `w` `[out, in]` by the int8 kernel, when it applies: x f32 or
-/// bf16 `[T, in]` on CUDA with T in [`INT8_DENSE_TOKENS`], a Q4_K, Q6_K or Q8_0 weight with `in` a
-/// multiple of 256 and `out / 64` (the kernel's blocks, each walking the whole `in`) at least twice
-/// the device's SMs. At GLM-5's sizes that is lm_head alone: the other projections have 9 to 256
-/// blocks of 64 rows, and on the int8 kernel they took twice candle's stream-k MMQ (H200: 1.02
-/// against 0.54 ms per 16-token forward; `reports/gpu-moe.md`, H2). `GLMCHECK_Q8_DENSE=candle`
-/// keeps candle's kernels for every dense matmul (to cross-check); `=all` drops the grid condition
-/// (to measure it); `=splitk` drops it and splits k over enough blocks to fill the GPU
-/// ([`split_count`]); `=narrow` splits k only for grids of at most [`NARROW_BLOCKS`] row blocks
-/// and leaves the rest as the default does. Measured on an H200 (ncu, 16 tokens, per forward):
-/// split-K takes GLM-5's indexer `wk` (2 blocks, Q8_0) from 54 to 14 µs and `kv_a_proj_with_mqa`
-/// (9 blocks) from 32 to 15 µs (candle's stream-k fixup is most of their time), `q_a_proj` and the
-/// shared experts' gate/up (32 blocks) from 25 to 20 µs, and gains 3 µs or nothing on wider grids
-/// (the dense MLP's down_proj, 96 blocks: 53 → 60). The same arithmetic as llama.cpp's MMQ (see
-/// `cuda/q8_moe.cu`). → f32 `[T, out]`.
+/// bf16 `[T, in]` on CUDA, a Q4_K, Q6_K or Q8_0 weight with `in` a multiple of 256, and
+/// - T in [`INT8_DENSE_TOKENS`] and `out / 64` (the kernel's blocks, each walking the whole `in`)
+///   at least twice the device's SMs: at GLM-5's sizes that is lm_head alone (the other
+///   projections, 9 to 256 blocks of 64 rows, took twice candle's stream-k MMQ on the int8 kernel
+///   at 16 tokens: H200, 1.02 against 0.54 ms per forward; `reports/gpu-moe.md`, H2);
+/// - or more tokens and at most [`SMALL_GRID_BLOCKS`] row blocks, k split ([`split_count`]),
+///   tiles up to 128 tokens ([`dense_tile`]).
+///
+/// `GLMCHECK_Q8_DENSE=candle` keeps candle's kernels for every dense matmul (to cross-check);
+/// `=all` drops the grid condition at 9–16 tokens (to measure it); `=splitk` drops it and splits
+/// k over enough blocks to fill the GPU; `=narrow` splits k at 9–16 tokens for grids of at most
+/// [`NARROW_BLOCKS`] row blocks; `=wide` puts every dense matmul past 16 tokens on the int8 kernel
+/// (to measure it). Measured on an H200 (ncu, 16 tokens, per forward): split-K takes GLM-5's
+/// indexer `wk` (2 blocks, Q8_0) from 54 to 14 µs and `kv_a_proj_with_mqa` (9 blocks) from 32 to
+/// 15 µs, `q_a_proj` and the shared experts' gate/up (32 blocks) from 25 to 20 µs, and gains 3 µs
+/// or nothing on wider grids (the dense MLP's down_proj, 96 blocks: 53 → 60). The same arithmetic
+/// as llama.cpp's MMQ (see `cuda/q8_moe.cu`). → f32 `[T, out]`.
 pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
     let choice = std::env::var_os("GLMCHECK_Q8_DENSE");
-    let forced_off = choice.as_ref().is_some_and(|v| v == "candle");
-    let narrow = choice.as_ref().is_some_and(|v| v == "narrow");
-    let split = choice.as_ref().is_some_and(|v| v == "splitk");
-    let wide = choice.as_ref().is_some_and(|v| v == "wide");
-    let any_grid = split || choice.as_ref().is_some_and(|v| v == "all");
+    let is = |v: &str| choice.as_ref().is_some_and(|c| c == v);
     let t = x.dim(0)?;
     let (&[out, inp], candle_core::Device::Cuda(dev)) = (w.shape().dims(), x.device()) else {
         return Ok(None);
     };
-    let wide = wide && t > *INT8_DENSE_TOKENS.end();
+    let past = t > *INT8_DENSE_TOKENS.end();
     // The cheap conditions first: every q8 dense matmul of the forward passes here.
-    if forced_off
+    if is("candle")
         || !matches!(x.dtype(), DType::F32 | DType::BF16)
-        || !(wide || INT8_DENSE_TOKENS.contains(&t))
+        || !(past || INT8_DENSE_TOKENS.contains(&t))
+        || (past && !is("wide") && out / 64 > SMALL_GRID_BLOCKS)
         || !inp.is_multiple_of(256)
         || Q8Kernel::Int8.int8_type(w).is_none()
     {
         return Ok(None);
     }
     let sms = sm_count(dev)?;
-    if wide {
+    if past {
         let tile = dense_tile(t);
         let splits = split_count((out / 64) * t.div_ceil(tile), inp / 256, sms);
         return dense_on_int8(w, x, splits, tile).map(Some);
     }
-    let narrow = narrow && out / 64 <= NARROW_BLOCKS;
-    if !any_grid && !narrow && out / 64 < 2 * sms {
+    let narrow = is("narrow") && out / 64 <= NARROW_BLOCKS;
+    if !is("all") && !is("splitk") && !narrow && out / 64 < 2 * sms {
         return Ok(None);
     }
-    let splits = if split || narrow {
+    let splits = if is("splitk") || narrow {
         split_count(out / 64, inp / 256, sms)
     } else {
         1
@@ -589,12 +598,12 @@ pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
     dense_on_int8(w, x, splits, EXPERT_TILE_MAX).map(Some)
 }
 
-/// The widest int8 tile of q8's dense route (`GLMCHECK_Q8_DENSE=wide`, past 16 tokens): 128
-/// tokens, each weight block read once per 128 tokens.
+/// The widest int8 tile of q8's dense route past 16 tokens: 128 tokens, each weight block read
+/// once per 128 tokens.
 pub(crate) const DENSE_TILE_MAX: usize = 128;
 
-/// The int8 tile width for a dense matmul of `t` tokens on the wide route: the narrowest of 32, 64
-/// and 128 holding all of them, else 128; `GLMCHECK_Q8_DENSE_TILE=32|64|128` fixes it (to measure).
+/// The int8 tile width for a dense matmul of `t` tokens past 16: the narrowest of 32, 64 and 128
+/// holding all of them, else 128; `GLMCHECK_Q8_DENSE_TILE=32|64|128` fixes it (to measure).
 pub(crate) fn dense_tile(t: usize) -> usize {
     let fixed = std::env::var("GLMCHECK_Q8_DENSE_TILE")
         .ok()
