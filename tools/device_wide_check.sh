@@ -13,7 +13,8 @@
 #     is left.
 # NEW_ENV (e.g. GLMCHECK_Q8_DENSE=wide) is set for every NEW run (through a wrapper).
 # Usage: tools/device_wide_check.sh OLD_GLMCHECK NEW_GLMCHECK NEW_TESTBIN OUTDIR
-# Env: TEST_FILTERS, ROUNDS (2), DEADLINE (s from start, 570), NEW_ENV, CENSUS_ENV, GLMCHECK_COMMIT,
+# Env: TEST_FILTERS, ROUNDS (2), DEADLINE (s from start, 570), NEW_ENV, CENSUS_ENV, PAIR (1; 0 skips
+# step 1 but the synth: ~3 min less), GLMCHECK_COMMIT,
 # GPU_BENCH_* as device_gpu_bench.sh takes them (peers under target-cuda/bin). OUT set: packs OUTDIR
 # into $OUT/x.tar.xz (keep OUTDIR outside $OUT). Figures: tools/device_gpu_summary.py OUTDIR/q (the
 # pair) and tools/device_ab_summary.py OUTDIR (the rest).
@@ -39,9 +40,13 @@ printf '#!/bin/sh\nexec env %s %s "$@"\n' "${NEW_ENV:-}" "$newbin" > "$new"; chm
 # 0. unit tests
 # shellcheck disable=SC2086
 step unit 75 "$tests" --test-threads 1 --nocapture ${TEST_FILTERS:-}
-# 1. the same-run pair (leaves ~2 min for the rest)
-PACK=/dev/null GPU_BENCH_DEADLINE=$(($(left) - 120)) "$(dirname "$0")/device_gpu_bench.sh" "$new" "$out/q" Q \
-  > "$out/q.log" 2>&1
+# 1. the same-run pair (leaves ~2 min for the rest); PAIR=0: only the synth
+if [ "${PAIR:-1}" = 1 ]; then
+  PACK=/dev/null GPU_BENCH_DEADLINE=$(($(left) - 120)) "$(dirname "$0")/device_gpu_bench.sh" "$new" "$out/q" Q \
+    > "$out/q.log" 2>&1
+elif [ ! -f "$model" ]; then
+  step synth 200 "$newbin" synth --dims glm5 --layers 3 --qtype q4_k_m --out "$model" --force --json
+fi
 # 2. OLD against NEW at 256 tokens
 t256=$(seq -s, 1000 1255)
 fwd=(forward "$model" --device cuda --dtype bf16 --matmul q8 --max-new-tokens 0 --json --tokens "$t256")
