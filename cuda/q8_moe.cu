@@ -168,8 +168,10 @@ __device__ __forceinline__ void step_scales(Blk blk, const uint8_t * xb, float *
 // first, then 128 int8), `xsc` the tokens' scales.
 // acc[n][e]: row g + 8·(e / 2), token 8n + 2t + e % 2 (the m16n8 accumulator layout). Only the
 // first `live` groups of 8 tokens hold tokens: the others are skipped (a block-uniform branch).
-// FULL: every group is live, no branch between the groups' MMAs (the compiler may interleave them).
-template <int T, int NT, bool ALIGNED, bool FULL = false>
+// A copy without the branch for full tiles (ab22e86) took more registers (128-token tiles: Q4_K
+// 128 → 221, Q8_0 137 → 166) and ran slower on an H100 (kv_a_proj_with_mqa's split-K launch 27 →
+// 36 µs, the indexer's wk 16 → 27): not kept.
+template <int T, int NT, bool ALIGNED>
 __device__ __forceinline__ void step_dot(const uint8_t * const (&b)[2], const float * const (&rs)[2],
                                          const uint8_t * xb, const float * xsc, int g, int t, int live,
                                          float (&acc)[NT][4]) {
@@ -190,7 +192,7 @@ __device__ __forceinline__ void step_dot(const uint8_t * const (&b)[2], const fl
                 const float2 f[2] = {*(const float2 *) (rs[0] + 2 * s), *(const float2 *) (rs[1] + 2 * s)};
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
-                    if (!FULL && n >= live) {
+                    if (n >= live) {
                         break;
                     }
                     int c[4];
@@ -221,7 +223,7 @@ __device__ __forceinline__ void step_dot(const uint8_t * const (&b)[2], const fl
                 const float sd[2] = {rs[0][2 * s + hh], rs[1][2 * s + hh]};
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
-                    if (!FULL && n >= live) {
+                    if (n >= live) {
                         break;
                     }
                     int c[4];
@@ -245,7 +247,7 @@ __device__ __forceinline__ void step_dot(const uint8_t * const (&b)[2], const fl
             const float d[2] = {rs[0][s], rs[1][s]};
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
-                if (!FULL && n >= live) {
+                if (n >= live) {
                     break;
                 }
                 int c[4];
@@ -362,16 +364,7 @@ __global__ void __launch_bounds__(THREADS) glmcheck_q8mm(
         }
         const uint8_t * b[2] = {blk(r0), blk(r0 + 8)};
         const float * rs[2] = {rsc + r0 * RS, rsc + (r0 + 8) * RS};
-        const int live = (ncols + 7) / 8;
-        // The wide tiles of q8's dense route are full but for the last column tile: those run
-        // without the per-group branch (the experts' narrow tiles keep one code path).
-        if constexpr (NT >= 8) {
-            if (live == NT) {
-                step_dot<T, NT, ALIGNED, true>(b, rs, xs + buf * TN * XP, xsc, g, t, live, acc);
-                continue;
-            }
-        }
-        step_dot<T, NT, ALIGNED>(b, rs, xs + buf * TN * XP, xsc, g, t, live, acc);
+        step_dot<T, NT, ALIGNED>(b, rs, xs + buf * TN * XP, xsc, g, t, (ncols + 7) / 8, acc);
     }
     float * out = splits > 1 ? partial + (long long) sp * ncols_y * n_out : dst;
 #pragma unroll
