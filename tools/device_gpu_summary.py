@@ -142,7 +142,17 @@ def main():
     ap.add_argument("--date")
     ap.add_argument("--note", action="append", default=[], help="a line for the report's notes (repeatable)")
     ap.add_argument("--out-dir", default="reports")
+    ap.add_argument("--label", action="append", default=[], metavar="SEQ:MODE=TEXT",
+                    help="what a run's matmul column says (e.g. '256:q8=q8, GLMCHECK_Q8_DENSE=wide' when that "
+                         "run's glmcheck had a route switched by the environment); kept in the JSON as 'route'")
     a = ap.parse_args()
+    labels = {}
+    for l in a.label:
+        key, _, text_ = l.partition("=")
+        seq, _, mode = key.partition(":")
+        if not (seq.isdigit() and mode and text_):
+            ap.error(f"--label {l!r}: SEQ:MODE=TEXT")
+        labels[(int(seq), mode)] = text_
     dirs = a.dirs
 
     envs = {d: text(os.path.join(d, "env.txt")) or "" for d in dirs}
@@ -234,7 +244,7 @@ def main():
             gms = g["forward_seconds"] * 1e3 if g and g.get("forward_seconds") is not None else None
             tms = hr.get("min_ms")
             row = {
-                "seq": seq, "matmul": mode, "glmcheck_ms": gms, "transformers_ms": tms,
+                "seq": seq, "matmul": mode, "route": labels.get((seq, mode)), "glmcheck_ms": gms, "transformers_ms": tms,
                 "llamacpp_ms": (lbm.get(seq) or {}).get("best_ms"),
                 "ratio": gms / tms if gms is not None and tms else None,
                 "bound_ms": nb / (copy_rw * 1e9) * 1e3 if nb is not None and copy_rw else None,
@@ -320,7 +330,7 @@ def main():
          "| tokens | glmcheck --matmul | glmcheck ms | transformers ms | llama.cpp ms | glmcheck / transformers | bound ms | max module rel-L2 | logits KL | glmcheck peak GPU GB |",
          "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
-        L.append(f"| {r['seq']} | {r['matmul']} | {fmt(r['glmcheck_ms'])} | {fmt(r['transformers_ms'])} | "
+        L.append(f"| {r['seq']} | {r['route'] or r['matmul']} | {fmt(r['glmcheck_ms'])} | {fmt(r['transformers_ms'])} | "
                  f"{fmt(r['llamacpp_ms'])} | {fmt(r['ratio'])} | {fmt(r['bound_ms'], '.3f')} | "
                  f"{fmt(r['max_module_rel_l2'], '.2e')} | {fmt(r['logits_kl'], '.2e')} | {fmt(r['peak_gpu_gb'], '.1f')} |")
     L += ["",
