@@ -26,7 +26,8 @@
 // the six expert launches of one 256-token forward 7.36 → 5.35 ms under ncu, the forward 18.3 →
 // 16.5 ms (best of 5, three interleaved rounds).
 //
-// Tiling: a CUDA block owns 64 weight rows of one expert and TN = 8·NT of its tokens (8, 16 or 32)
+// Tiling: a CUDA block owns 64 weight rows of one expert and TN = 8·NT of its tokens (8, 16 or 32;
+// 64 and 128 for q8's dense route past 16 tokens)
 // and walks k in steps of 256 (one K-quant super-block): the next step's raw blocks and activation
 // blocks are copied asynchronously (cp.async) while the current one is multiplied. Each of the 4
 // warps owns 16 rows: per 32 values it runs one m16n8k32 MMA per 8 of the tile's tokens that exist

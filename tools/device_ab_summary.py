@@ -75,8 +75,11 @@ def main():
     for n in (16, 256):
         f = d / f"new-vs-old-{n}.json"
         try:
-            mods = json.loads(f.read_text())["modules"]
-            res["new_vs_old"][n] = {"modules": len(mods), "max_abs": max(m["max_abs"] or 0 for m in mods)}
+            fwd = json.loads(f.read_text())
+            mods = fwd["modules"]
+            # the verdict matters where the arithmetic may move (max_abs is then not 0 by design)
+            res["new_vs_old"][n] = {"modules": len(mods), "max_abs": max(m["max_abs"] or 0 for m in mods),
+                                    "verdict": fwd.get("verdict")}
         except (OSError, ValueError, KeyError) as e:
             res["new_vs_old"][n] = {"error": f"{f.name}: {e}"}
     res["bench_best_ms"] = {}
@@ -89,13 +92,16 @@ def main():
                 except (ValueError, KeyError):
                     pass
             res["bench_best_ms"][f"{v}-{n}"] = xs
-    names = ("new-16", "new-256", "old-256")
+    # census-env-256: NEW with device_wide_check.sh's CENSUS_ENV
+    names = ("new-16", "new-256", "old-256", "env-256")
     res["census"] = {name: census(d / f"census-{name}.json") for name in names}
     res["timed_forward"] = {name: timed(d / f"census-{name}.json") for name in names}
     if "--json" in sys.argv:
         print(json.dumps(res, indent=1))
         return
     print(f"GPU {res['gpu']}; commit {res['commit']}")
+    failed = [l for l in res["rc"] if l and " rc=0 " not in l + " "]
+    print("steps not ending rc=0:", "; ".join(failed) if failed else "none")
     print("unit:", "; ".join(res["unit"]) or "no result line", "failed:", res["unit_failed"] or "none")
     for n, m in res["new_vs_old"].items():
         print(f"NEW vs OLD at {n} tokens: {m}")

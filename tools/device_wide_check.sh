@@ -13,7 +13,7 @@
 #     is left.
 # NEW_ENV (e.g. GLMCHECK_Q8_DENSE=wide) is set for every NEW run (through a wrapper).
 # Usage: tools/device_wide_check.sh OLD_GLMCHECK NEW_GLMCHECK NEW_TESTBIN OUTDIR
-# Env: TEST_FILTERS, ROUNDS (2), DEADLINE (s from start, 570), NEW_ENV, CENSUS_ENV, PAIR (1; 0 skips
+# Env: TEST_FILTERS (set it: the whole test binary does not fit the 75 s), ROUNDS (2), DEADLINE (s from start, 570), NEW_ENV, CENSUS_ENV, PAIR (1; 0 skips
 # step 1 but the synth: ~3 min less), GLMCHECK_COMMIT,
 # GPU_BENCH_* as device_gpu_bench.sh takes them (peers under target-cuda/bin). OUT set: packs OUTDIR
 # into $OUT/x.tar.xz (keep OUTDIR outside $OUT). Figures: tools/device_gpu_summary.py OUTDIR/q (the
@@ -68,4 +68,8 @@ if [ -f "$model" ]; then
     # shellcheck disable=SC2086
     step census-env-256 60 env $CENSUS_ENV "$ncu" "${census[@]}" "$new" "${fwd[@]}" --bench 1
   fi
+fi
+# a failed or skipped step makes the call's exit status say so (the results are packed either way)
+if grep -v ' rc=0 ' "$out/rc.txt" | grep -q .; then
+  echo "steps that did not end rc=0:" >&2; grep -v ' rc=0 ' "$out/rc.txt" >&2; exit 1
 fi

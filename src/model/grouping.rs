@@ -79,17 +79,19 @@ impl Grouping {
 
     /// The tile width for these experts' row counts (see [`BREAK_EVEN`]).
     pub(crate) fn tile_width(&self) -> usize {
-        let cost = |w: usize| -> usize {
-            self.by_expert
-                .iter()
-                .map(|rows| rows.len().div_ceil(w) * (BREAK_EVEN + w))
-                .sum()
-        };
-        TILE_WIDTHS
-            .into_iter()
-            .min_by_key(|&w| (cost(w), w))
-            .unwrap_or(TILE_WIDTHS[0])
+        tile_width_for(self.by_expert.iter().map(Vec::len))
     }
+}
+
+/// The tile width for experts with these row counts: the one minimising
+/// Σ ⌈rows/w⌉ · ([`BREAK_EVEN`] + w), the narrower on a tie ([`Grouping::tile_width`]; a dense
+/// weight of `t` rows is one expert of `t`).
+pub(crate) fn tile_width_for(rows: impl Iterator<Item = usize> + Clone) -> usize {
+    let cost = |w: usize| -> usize { rows.clone().map(|r| r.div_ceil(w) * (BREAK_EVEN + w)).sum() };
+    TILE_WIDTHS
+        .into_iter()
+        .min_by_key(|&w| (cost(w), w))
+        .unwrap_or(TILE_WIDTHS[0])
 }
 
 /// A run of consecutive active experts for dequant mode's batched GEMMs: experts `range` (indices
@@ -240,6 +242,12 @@ mod tests {
         // 40 rows in each of 2 experts: one 64-wide tile each beats two 32-wide reads.
         let ids: Vec<[u32; 2]> = (0..40).map(|_| [0, 1]).collect();
         assert_eq!(grouping(&ids, 2)?.tile_width(), 64);
+        // One expert (a dense weight): 256 rows in two 128-wide tiles, 150 in three 64-wide ones
+        // (3·96 = 288 against 2·160 = 320), 200 in two 128-wide ones (320 against 4·96 = 384).
+        assert_eq!(tile_width_for([256].into_iter()), 128);
+        assert_eq!(tile_width_for([150].into_iter()), 64);
+        assert_eq!(tile_width_for([200].into_iter()), 128);
+        assert_eq!(tile_width_for([16].into_iter()), 16);
         Ok(())
     }
 }

@@ -266,8 +266,9 @@ impl Linear {
 
 /// `x · Wᵀ` by the quantized kernels llama.cpp computes with: the activations quantized to Q8_1,
 /// integer dot products per block (candle's MMVQ/MMQ; on CUDA, 9 to 16 tokens of a Q4_K, Q6_K or
-/// Q8_0 weight with enough rows to fill the GPU — lm_head — by glmcheck's int8 kernel, MMQ's
-/// arithmetic: `q8_cuda::int8_dense`; bf16 activations of more than 8 tokens quantized straight
+/// Q8_0 weight with enough rows to fill the GPU — lm_head — and more tokens of one with at most 16
+/// blocks of 64 rows, by glmcheck's int8 kernel, MMQ's arithmetic: `q8_cuda::int8_dense`; bf16
+/// activations of more than 8 tokens quantized straight
 /// from bf16: `q8_dense_cuda`). The result is cast back to `x`'s dtype.
 pub fn q8_matmul(q: &QTensor, x: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]

@@ -16,7 +16,7 @@ use candle_core::cuda_backend::cudarc::driver::{sys, CudaStream, DevicePtr, Sync
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
-use super::grouping::Grouping;
+use super::grouping::{tile_width_for, Grouping};
 use super::moe_cuda::{attribute, stack, too_big, Segments};
 use crate::gguf::cuda_decode::kernel_type;
 
@@ -125,7 +125,7 @@ impl Grouping {
         by_token: bool,
         kernel: Q8Kernel,
     ) -> Result<Tensor> {
-        self.grouped(w, x, by_token, kernel, 1, EXPERT_TILE_MAX)
+        self.grouped(w, x, by_token, kernel, 1, None)
     }
 
     /// [`Grouping::matmul`] by the int8 kernel with its k steps split `splits` ways (split-K:
@@ -139,7 +139,7 @@ impl Grouping {
         splits: usize,
         tile_cap: usize,
     ) -> Result<Tensor> {
-        self.grouped(w, x, by_token, Q8Kernel::Int8, splits, tile_cap)
+        self.grouped(w, x, by_token, Q8Kernel::Int8, splits, Some(tile_cap))
     }
 
     fn grouped(
@@ -149,7 +149,7 @@ impl Grouping {
         by_token: bool,
         kernel: Q8Kernel,
         splits: usize,
-        tile_cap: usize,
+        tile_cap: Option<usize>,
     ) -> Result<Tensor> {
         let op = GroupedMatmul {
             w,
@@ -170,8 +170,8 @@ struct GroupedMatmul<'a> {
     kernel: Q8Kernel,
     /// k split this many ways (int8 kernel only; 1: no split).
     splits: usize,
-    /// The int8 kernel's widest tile ([`int8_tile`]).
-    tile_cap: usize,
+    /// The int8 kernel's widest tile ([`int8_tile`]): `None` for the routed experts.
+    tile_cap: Option<usize>,
 }
 
 /// The Q8_1 activation quantizers candle-kernels exports (one per scale layout, f32 input).
@@ -292,8 +292,8 @@ struct Launch {
     active: usize,
     max_rows: usize,
     tile: usize,
-    /// The int8 kernel's widest tile here ([`int8_tile`]).
-    tile_cap: usize,
+    /// The int8 kernel's widest tile here ([`int8_tile`]): `None` for the routed experts.
+    tile_cap: Option<usize>,
     stride_expert: usize,
     /// Split-K ways and the partial sums' buffer (`splits · rows · out` f32; null for 1).
     splits: usize,
@@ -304,20 +304,23 @@ struct Launch {
 }
 
 /// The int8 kernel's tile width in tokens: the grouping's choice ([`Grouping::tile_width`], which
-/// weighs re-reading an expert's weights per tile against padded columns) capped at `cap`: 32 for
-/// the routed experts ([`EXPERT_TILE_MAX`]: wider tiles hold too many accumulators for the few
-/// tokens an expert gets), up to 128 for q8's dense route ([`DENSE_TILE_MAX`]). The kernel skips a
+/// weighs re-reading an expert's weights per tile against padded columns) capped at `cap`, or for
+/// the routed experts (`None`) at [`EXPERT_TILE_MAX`] (wider tiles hold too many accumulators for
+/// the few tokens an expert gets); q8's dense route passes up to 128 ([`dense_tile`]). The kernel skips a
 /// tile's empty groups of 8 tokens. Measured on an H200 at 256 tokens (ncu, the six expert launches
 /// of a 3-layer GLM-5 synth): 7.30 ms with this choice (16 wide), 7.87 ms with the narrowest tile
 /// holding the busiest expert (32 wide: fewer resident blocks), 7.50 ms before the skipping.
-/// `GLMCHECK_Q8_TILE=8|16|32` fixes the experts' width (to measure the choice).
-pub(crate) fn int8_tile(grouping_tile: usize, cap: usize) -> usize {
-    let fixed = (cap == EXPERT_TILE_MAX)
-        .then(|| std::env::var("GLMCHECK_Q8_TILE").ok())
-        .flatten()
+/// `GLMCHECK_Q8_TILE=8|16|32` fixes the experts' width (to measure the choice; not the dense
+/// route's).
+pub(crate) fn int8_tile(grouping_tile: usize, cap: Option<usize>) -> usize {
+    if let Some(cap) = cap {
+        return grouping_tile.min(cap);
+    }
+    let fixed = std::env::var("GLMCHECK_Q8_TILE")
+        .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|w| [8, 16, 32].contains(w));
-    fixed.unwrap_or(grouping_tile.min(cap))
+    fixed.unwrap_or(grouping_tile.min(EXPERT_TILE_MAX))
 }
 
 /// The widest int8 tile the routed experts take (see [`int8_tile`]).
@@ -582,7 +585,10 @@ pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
     }
     let sms = sm_count(dev)?;
     if past {
-        let tile = dense_tile(t);
+        // The tile that runs: the identity grouping's choice under the cap (so the split count
+        // sees the real number of column tiles).
+        let cap = dense_tile(t).min(dense_tile_cap(dev)?);
+        let tile = tile_width_for(std::iter::once(t)).min(cap);
         let splits = split_count((out / 64) * t.div_ceil(tile), inp / 256, sms);
         return dense_on_int8(w, x, splits, tile).map(Some);
     }
@@ -602,8 +608,9 @@ pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
 /// once per 128 tokens.
 pub(crate) const DENSE_TILE_MAX: usize = 128;
 
-/// The int8 tile width for a dense matmul of `t` tokens past 16: the narrowest of 32, 64 and 128
-/// holding all of them, else 128; `GLMCHECK_Q8_DENSE_TILE=32|64|128` fixes it (to measure).
+/// The widest int8 tile for a dense matmul of `t` tokens past 16: the narrowest of 32, 64 and 128
+/// holding all of them, else 128 (the identity grouping may pick a narrower one: 64 for 150
+/// tokens); `GLMCHECK_Q8_DENSE_TILE=32|64|128` caps it there instead (to measure).
 pub(crate) fn dense_tile(t: usize) -> usize {
     let fixed = std::env::var("GLMCHECK_Q8_DENSE_TILE")
         .ok()
@@ -614,6 +621,22 @@ pub(crate) fn dense_tile(t: usize) -> usize {
             .into_iter()
             .find(|&w| t <= w)
             .unwrap_or(DENSE_TILE_MAX)
+    })
+}
+
+/// The widest int8 tile the device's shared memory per block takes: 128-token tiles ask up to
+/// ~126 KiB (Q8_0; Q4_K 112), 64-token ones up to ~83 KiB, 32-token ones (the experts') ~62. An
+/// H100/H200 gives 227 KiB, an A100 163, sm_86/89/120 parts 99: there the dense route stops at 64.
+fn dense_tile_cap(dev: &candle_core::CudaDevice) -> Result<usize> {
+    let cu = dev.cuda_stream().context().cu_device();
+    let optin = attribute(
+        cu,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+    )?;
+    Ok(match optin.max(0) as usize {
+        b if b >= 128 * 1024 => 128,
+        b if b >= 96 * 1024 => 64,
+        _ => EXPERT_TILE_MAX,
     })
 }
 
