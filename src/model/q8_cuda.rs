@@ -628,9 +628,8 @@ pub(crate) fn dense_tile(t: usize) -> usize {
 /// ~126 KiB (Q8_0; Q4_K 112), 64-token ones up to ~83 KiB, 32-token ones (the experts') ~62. An
 /// H100/H200 gives 227 KiB, an A100 163, sm_86/89/120 parts 99: there the dense route stops at 64.
 fn dense_tile_cap(dev: &candle_core::CudaDevice) -> Result<usize> {
-    let cu = dev.cuda_stream().context().cu_device();
-    let optin = attribute(
-        cu,
+    let optin = device_attribute(
+        dev,
         sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
     )?;
     Ok(match optin.max(0) as usize {
@@ -678,10 +677,14 @@ thread_local! {
 
 /// The device's streaming multiprocessors.
 fn sm_count(dev: &candle_core::CudaDevice) -> Result<usize> {
-    let cu = dev.cuda_stream().context().cu_device();
-    let n = attribute(
-        cu,
+    let n = device_attribute(
+        dev,
         sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     )?;
     Ok(n.max(1) as usize)
+}
+
+/// One attribute of the device `dev`'s stream runs on.
+fn device_attribute(dev: &candle_core::CudaDevice, attr: sys::CUdevice_attribute) -> Result<i32> {
+    attribute(dev.cuda_stream().context().cu_device(), attr)
 }
