@@ -585,10 +585,8 @@ pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
     }
     let sms = sm_count(dev)?;
     if past {
-        // The tile that runs: the identity grouping's choice under the cap (so the split count
-        // sees the real number of column tiles).
-        let cap = dense_tile(t).min(dense_tile_cap(dev)?);
-        let tile = tile_width_for(std::iter::once(t)).min(cap);
+        // The tile that runs (so the split count sees the real number of column tiles).
+        let tile = dense_tile(t).min(dense_tile_cap(dev)?);
         let splits = split_count((out / 64) * t.div_ceil(tile), inp / 256, sms);
         return dense_on_int8(w, x, splits, tile).map(Some);
     }
@@ -608,20 +606,16 @@ pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
 /// once per 128 tokens.
 pub(crate) const DENSE_TILE_MAX: usize = 128;
 
-/// The widest int8 tile for a dense matmul of `t` tokens past 16: the narrowest of 32, 64 and 128
-/// holding all of them, else 128 (the identity grouping may pick a narrower one: 64 for 150
-/// tokens); `GLMCHECK_Q8_DENSE_TILE=32|64|128` caps it there instead (to measure).
+/// The int8 tile a dense matmul of `t` tokens past 16 runs with: the identity grouping's choice
+/// ([`tile_width_for`] one expert of `t` rows: 32 for 17–32 tokens, 64 for 33–64, 128 for 65–128,
+/// 64 for 150) up to [`DENSE_TILE_MAX`], or up to `GLMCHECK_Q8_DENSE_TILE=32|64|128` (to measure).
 pub(crate) fn dense_tile(t: usize) -> usize {
-    let fixed = std::env::var("GLMCHECK_Q8_DENSE_TILE")
+    let cap = std::env::var("GLMCHECK_Q8_DENSE_TILE")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
-        .filter(|w| [32, 64, 128].contains(w));
-    fixed.unwrap_or_else(|| {
-        [32, 64]
-            .into_iter()
-            .find(|&w| t <= w)
-            .unwrap_or(DENSE_TILE_MAX)
-    })
+        .filter(|w| [32, 64, 128].contains(w))
+        .unwrap_or(DENSE_TILE_MAX);
+    tile_width_for(std::iter::once(t)).min(cap)
 }
 
 /// The widest int8 tile the device's shared memory per block takes: 128-token tiles ask up to
