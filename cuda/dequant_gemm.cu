@@ -24,6 +24,7 @@
 #include <cuda_pipeline.h>
 #include <mma.h>
 #include <stdint.h>
+#include <type_traits>
 
 #include "gguf_blocks.cuh"
 
@@ -278,6 +279,316 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmm(
     }
 }
 
+// ---- The register-decode kernel (Q4_K, Q5_K, Q6_K, Q8_0) ------------------------------------------
+// The same decoded values as glmcheck_dqmm (decode32's expressions, rounded once to the compute
+// dtype), multiplied with mma.sync m16n8k16 whose A fragments each lane decodes straight from the
+// raw blocks into registers: no decoded tile goes through shared memory, and a weight costs about
+// three instructions (a byte permute into the float 2^23 + q, one subtraction, the scale's FMA)
+// plus half a packing conversion. glmcheck_dqmm's decode (a lane decodes a whole 32-value
+// sub-block into 32 registers, stores it, the warp reloads it with ldmatrix) ran at ~6 weights per
+// SM cycle and bounded dequant mode's experts (reports/gpu-moe.md, E2).
+//
+// The k order inside each 16-value MMA chunk is permuted, the same way for weights and tokens:
+// lane t's logical k (2t, 2t+1, 2t+8, 2t+9) are the chunk's physical values 4t..4t+3, so a lane's
+// A registers come from one 32-bit word of packed quants per row (four consecutive values) and
+// its B registers from one 8-byte load of a token's staged activations. A sum over k does not
+// depend on the order its terms are listed in; the MMA sums them in f32 as glmcheck_dqmm does.
+//
+// Tiling as cuda/q8_moe.cu's: a block owns 64 weight rows of one expert and 8·NT of its tokens,
+// walks k in steps of 256 with the next step's raw blocks and activations copied asynchronously,
+// a step's row scales decoded once per block into shared memory; each warp owns 16 rows and runs
+// one MMA per 16 values per 8 tokens that exist (empty groups of 8 are skipped).
+
+constexpr int XPB = 2 * KS + 32; // bytes of one token's staged step (16-bit values; 8-byte loads conflict-free)
+
+// c += A(16×16, row) · B(16×8, col) in f32, A and B of the compute dtype.
+template <typename C>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    if constexpr (std::is_same_v<C, __nv_bfloat16>) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+// Byte i of x as the float 2^23 + byte (one permute: the byte under the exponent bits of 2^23).
+__device__ __forceinline__ float magic_byte(uint32_t x, int i) {
+    return __uint_as_float(__byte_perm(x, 0x4B000000u, 0x7540 + i));
+}
+
+// Floats of a step's row scales per row: Q4_K/Q5_K (d·sc, dmin·m) per 32-value sub-block, Q6_K
+// d·sc per 16 values, Q8_0 d per 32; +2 so that the 8 rows of a fragment spread over the banks.
+template <int T> __host__ __device__ constexpr int dq_row_scales() { return (T == Q8_0 ? 8 : 16) + 2; }
+
+// A step's row scales into shared memory, by the whole block (thread tid: row tid % 64, half
+// tid / 64 of its sub-blocks), as decode32 computes them.
+template <int T, typename Blk> __device__ __forceinline__ void dq_scales(Blk blk, float * rsc, int tid) {
+    constexpr int RS = dq_row_scales<T>();
+    const int r = tid % BM, h = tid / BM;
+    const uint8_t * b = blk(r);
+    float * out = rsc + r * RS;
+    if constexpr (T == Q4_K || T == Q5_K) {
+        const float dall = h2f(b), dmin = h2f(b + 2);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int sc, m;
+            scale_min_k4(4 * h + i, b + 4, sc, m);
+            out[2 * (4 * h + i)] = dall * sc;
+            out[2 * (4 * h + i) + 1] = dmin * m;
+        }
+    } else if constexpr (T == Q6_K) {
+        const float d = h2f(b + 208);
+        const int8_t * sc = (const int8_t *) (b + 192);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            out[8 * h + i] = d * sc[8 * h + i];
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            out[4 * h + i] = h2f(b + 34 * (4 * h + i));
+        }
+    }
+}
+
+// One 256-value step of one warp: `b[h]` the raw blocks of the lane's rows g + 8h (`rs[h]` their
+// scales), `xb` the step's staged activations (token c at xb + c·XPB). acc[n][e]: row g + 8·(e / 2),
+// token 8n + 2t + e % 2 (the m16n8 accumulator layout); only the first `live` groups of 8 tokens
+// are multiplied.
+template <int T, int NT, bool ALIGNED, typename C>
+__device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const float * const (&rs)[2],
+                                        const uint8_t * xb, int g, int t, int live, float (&acc)[NT][4]) {
+    // The chunk of 16 values at k0 of the step: lane values v[h][i] (row g + 8h, physical k0 + 4t + i)
+    // into A, then one MMA per live group of 8 tokens.
+    auto mma_chunk = [&](const float (&v)[2][4], int k0) {
+        const uint32_t a[4] = {pack2<C>(v[0][0], v[0][1]), pack2<C>(v[1][0], v[1][1]), pack2<C>(v[0][2], v[0][3]),
+                               pack2<C>(v[1][2], v[1][3])};
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            if (n >= live) {
+                break;
+            }
+            const uint2 bv = *(const uint2 *) (xb + (8 * n + g) * XPB + 2 * (k0 + 4 * t));
+            mma_16816<C>(acc[n], a, bv.x, bv.y);
+        }
+    };
+    if constexpr (T == Q4_K || T == Q5_K) {
+#pragma unroll
+        for (int pair = 0; pair < 4; ++pair) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int l = 16 * c + 4 * t; // the lane's values l..l+3 of the sub-blocks
+                const int o = (T == Q4_K ? 16 : 48) + 32 * pair + l;
+                const uint32_t w[2] = {ld_word<ALIGNED>(b[0] + o), ld_word<ALIGNED>(b[1] + o)};
+                uint32_t qh[2] = {0, 0};
+                if constexpr (T == Q5_K) {
+                    qh[0] = ld_word<ALIGNED>(b[0] + 16 + l);
+                    qh[1] = ld_word<ALIGNED>(b[1] + 16 + l);
+                }
+#pragma unroll
+                for (int hi = 0; hi < 2; ++hi) {
+                    const int s = 2 * pair + hi;
+                    float v[2][4];
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        uint32_t x = (w[h] >> (4 * hi)) & 0x0F0F0F0Fu;
+                        if constexpr (T == Q5_K) {
+                            x |= ((qh[h] >> s) & 0x01010101u) << 4; // decode32's `+ 16`: the same integer
+                        }
+                        const float2 f = *(const float2 *) (rs[h] + 2 * s);
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            v[h][i] = f.x * (magic_byte(x, i) - 8388608.0f) - f.y;
+                        }
+                    }
+                    mma_chunk(v, 32 * s + 16 * c);
+                }
+            }
+        }
+    } else if constexpr (T == Q6_K) {
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            const int ip = s / 4, jj = s % 4, lsh = (jj >> 1) * 4, hsh = 2 * jj;
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int l = 16 * c + 4 * t;
+                float v[2][4];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const uint32_t q = word(b[h] + 64 * ip + 32 * (jj & 1) + l), hb = word(b[h] + 128 + 32 * ip + l);
+                    const uint32_t x = ((q >> lsh) & 0x0F0F0F0Fu) | (((hb >> hsh) & 0x03030303u) << 4);
+                    const float ds = rs[h][2 * s + c];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        v[h][i] = ds * (magic_byte(x, i) - 8388640.0f);
+                    }
+                }
+                mma_chunk(v, 32 * s + 16 * c);
+            }
+        }
+    } else if constexpr (T == Q8_0) {
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                float v[2][4];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const uint32_t q = word(b[h] + 34 * s + 2 + 16 * c + 4 * t) ^ 0x80808080u; // int8 + 128
+                    const float d = rs[h][s];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        v[h][i] = d * (magic_byte(q, i) - 8388736.0f);
+                    }
+                }
+                mma_chunk(v, 32 * s + 16 * c);
+            }
+        }
+    }
+}
+
+// As glmcheck_dqmm: y[j] = W[experts[z]] · x[src[j]] for the grouped rows j of active expert z.
+// Grid: (row tiles of 8·NT, n_out / 64, active experts).
+template <int T, int NT, bool ALIGNED, typename C>
+__global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
+        const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes,
+        const C * __restrict__ x, const int32_t * __restrict__ src,
+        const int32_t * __restrict__ bounds, const int32_t * __restrict__ experts,
+        C * __restrict__ y, int n_out, int k_in) {
+    constexpr int TN = 8 * NT, B = bytes_256(T), CH = raw_chunks(T), P = raw_pitch(T), RS = dq_row_scales<T>();
+    const int z = blockIdx.z;
+    const int row0 = bounds[z] + blockIdx.x * TN;
+    const int nrows = min(TN, bounds[z + 1] - row0);
+    if (nrows <= 0) {
+        return;
+    }
+    const int n0 = blockIdx.y * BM;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+
+    // Shared memory: raw[2][BM][P] | xs[2][TN][XPB].
+    extern __shared__ __align__(16) uint8_t smem[];
+    uint8_t * raw = smem;
+    uint8_t * xs = smem + 2 * BM * P;
+    __shared__ int src_row[TN];
+    __shared__ __align__(8) float rsc[BM * RS];
+    if (tid < TN) {
+        src_row[tid] = tid < nrows ? (src ? src[row0 + tid] : row0 + tid) : -1;
+    }
+    __syncthreads();
+    const uint8_t * wexp = w + (long long) experts[z] * expert_bytes + (long long) n0 * row_bytes;
+
+    // Weight chunks tid % 16 (+ 16) of rows tid / 16 + 8j, each from the 16-byte boundary below the
+    // step's first byte; a token's 256 values in 32 chunks. Tokens past the expert's rows are not
+    // copied (their columns' products are never written).
+    const uint8_t * wrow = wexp + (long long) (tid / 16) * row_bytes;
+    const long long wstride = (THREADS / 16) * row_bytes;
+    auto stage = [&](int buf, int step) {
+        const uint8_t * srcp = wrow + (long long) step * B;
+        uint8_t * dst = raw + (buf * BM + tid / 16) * P;
+#pragma unroll
+        for (int j = 0; j < BM / (THREADS / 16); ++j, srcp += wstride) {
+            const uintptr_t off = (uintptr_t) srcp;
+            const int mis = ALIGNED ? 0 : (int) (off & 15);
+#pragma unroll
+            for (int c0 = 0; c0 < CH; c0 += 16) {
+                const int c = c0 + tid % 16;
+                if (c < CH && 16 * c < mis + B) {
+                    __pipeline_memcpy_async(dst + j * (THREADS / 16) * P + 16 * c, (const void *) (off - mis + 16 * c), 16);
+                }
+            }
+        }
+        for (int i = tid; i < nrows * (KS / 8); i += THREADS) {
+            const int r = i / (KS / 8), c = i % (KS / 8);
+            __pipeline_memcpy_async(xs + (buf * TN + r) * XPB + 16 * c,
+                                    x + (long long) src_row[r] * k_in + (long long) step * KS + 8 * c, 16);
+        }
+        __pipeline_commit();
+    };
+
+    float acc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            acc[n][e] = 0.0f;
+        }
+    }
+    const int r0 = 16 * warp + g; // this lane's rows: r0 and r0 + 8
+    const int steps = k_in / KS;
+    stage(0, 0);
+    for (int step = 0; step < steps; ++step) {
+        const int buf = step & 1;
+        auto blk = [&](int r) {
+            const int mis = ALIGNED ? 0 : (int) ((uintptr_t) (wexp + r * row_bytes + (long long) step * B) & 15);
+            return raw + (buf * BM + r) * P + mis;
+        };
+        __pipeline_wait_prior(0);
+        // Everyone's copies of this step have landed; everyone is done with the other buffer and
+        // with the previous step's scales.
+        __syncthreads();
+        dq_scales<T>(blk, rsc, tid);
+        __syncthreads();
+        if (step + 1 < steps) {
+            stage(buf ^ 1, step + 1);
+        }
+        const uint8_t * b[2] = {blk(r0), blk(r0 + 8)};
+        const float * rs[2] = {rsc + r0 * RS, rsc + (r0 + 8) * RS};
+        dq_step<T, NT, ALIGNED, C>(b, rs, xs + buf * TN * XPB, g, t, (nrows + 7) / 8, acc);
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int col = 8 * n + 2 * t + (e & 1);
+            if (col < nrows) {
+                y[(long long) (row0 + col) * n_out + n0 + r0 + 8 * (e / 2)] = from_f32<C>(acc[n][e]);
+            }
+        }
+    }
+}
+
+template <int T, int NT, bool ALIGNED, typename C>
+int launch_mma(const void * w, long long expert_bytes, long long row_bytes, const void * x, const int32_t * src,
+               const int32_t * bounds, const int32_t * experts, void * y, int n_out, int k_in, int n_active,
+               int max_rows, cudaStream_t stream) {
+    const size_t shared = 2 * (BM * raw_pitch(T) + 8 * NT * XPB);
+    auto kernel = glmcheck_dqmma<T, NT, ALIGNED, C>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) shared) != cudaSuccess
+        || cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                (int) cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
+        return 3;
+    }
+    const dim3 grid((max_rows + 8 * NT - 1) / (8 * NT), n_out / BM, n_active);
+    kernel<<<grid, THREADS, shared, stream>>>((const uint8_t *) w, expert_bytes, row_bytes, (const C *) x, src, bounds,
+                                              experts, (C *) y, n_out, k_in);
+    return cudaGetLastError() == cudaSuccess ? 0 : 3;
+}
+
+// The register-decode kernel at tile width tn (8, 16 or 32 tokens; 0: by the busiest expert's rows).
+template <int T, bool ALIGNED, typename C>
+int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_bytes, const void * x,
+                  const int32_t * src, const int32_t * bounds, const int32_t * experts, void * y, int n_out, int k_in,
+                  int n_active, int max_rows, cudaStream_t stream) {
+    if (tn == 0) {
+        tn = max_rows <= 8 ? 8 : max_rows <= 16 ? 16 : 32;
+    }
+#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, y, n_out, \
+                                                       k_in, n_active, max_rows, stream)
+    switch (tn) {
+        case 8: return GLMCHECK_DQMMA(1);
+        case 16: return GLMCHECK_DQMMA(2);
+        case 32: return GLMCHECK_DQMMA(4);
+        default: return 2;
+    }
+#undef GLMCHECK_DQMMA
+}
+
 template <int T, int TN, typename C>
 int launch(const void * w, long long expert_bytes, long long row_bytes, const void * x, const int32_t * src,
            const int32_t * bounds, const int32_t * experts, void * y, int n_out, int k_in, int n_active,
@@ -310,9 +621,23 @@ int launch_tn(const void * w, long long expert_bytes, long long row_bytes, const
 }
 
 template <typename C>
-int launch_type(int ggml_type, const void * w, long long expert_bytes, long long row_bytes, const void * x,
-                const int32_t * src, const int32_t * bounds, const int32_t * experts, void * y, int n_out,
-                int k_in, int n_active, int max_rows, cudaStream_t stream) {
+int launch_type(int ggml_type, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes,
+                const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, void * y,
+                int n_out, int k_in, int n_active, int max_rows, cudaStream_t stream) {
+    // Rows on 16-byte boundaries (Q4_K's and Q5_K's blocks are 144 and 176 bytes): plain word loads.
+    const bool aligned = (uintptr_t) w % 16 == 0 && expert_bytes % 16 == 0 && row_bytes % 16 == 0;
+    if (kernel == 0) {
+#define GLMCHECK_MMA(Q, A) launch_mma_tn<Q, A, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, y, n_out, \
+                                                 k_in, n_active, max_rows, stream)
+        switch (ggml_type) {
+            case Q4_K: return aligned ? GLMCHECK_MMA(Q4_K, true) : GLMCHECK_MMA(Q4_K, false);
+            case Q5_K: return aligned ? GLMCHECK_MMA(Q5_K, true) : GLMCHECK_MMA(Q5_K, false);
+            case Q6_K: return GLMCHECK_MMA(Q6_K, false);
+            case Q8_0: return GLMCHECK_MMA(Q8_0, false);
+            default: break; // the shared-memory kernel below
+        }
+#undef GLMCHECK_MMA
+    }
 #define GLMCHECK_DQMM(Q) case Q: return launch_tn<Q, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, y, \
         n_out, k_in, n_active, max_rows, stream);
     switch (ggml_type) {
@@ -333,23 +658,26 @@ int launch_type(int ggml_type, const void * w, long long expert_bytes, long long
 extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(ggml_type) != 0; }
 
 // Returns 0 when launched; 1: no kernel for the quant type or dtype (dtype 1 f16, 2 bf16); 2: a
-// shape the tiling does not cover (n_out % 64, k_in % 256, an empty or too large grid); 3: CUDA
-// refused the launch. x: [*, k_in] contiguous rows of the compute dtype (16-byte aligned rows);
-// src: the x row of each grouped row (null: grouped row j is x's row j); y: [rows, n_out].
+// shape the tiling does not cover (n_out % 64, k_in % 256, an empty or too large grid, a tile width
+// not 0, 8, 16 or 32); 3: CUDA refused the launch. x: [*, k_in] contiguous rows of the compute dtype
+// (16-byte aligned rows); src: the x row of each grouped row (null: grouped row j is x's row j);
+// y: [rows, n_out]. kernel 0: the register-decode kernel where it covers the type (Q4_K, Q5_K,
+// Q6_K, Q8_0; tn its tile width, 0 by the busiest expert), else and for kernel 1 the
+// shared-memory kernel glmcheck_dqmm.
 extern "C" int glmcheck_dequant_matmul(
-        int ggml_type, int dtype, const void * w, long long expert_bytes, long long row_bytes,
+        int ggml_type, int dtype, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes,
         const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, void * y,
         int n_out, int k_in, int n_active, int max_rows, void * stream) {
     if (n_out % BM != 0 || k_in % KS != 0 || n_active <= 0 || n_active > 65535 || max_rows <= 0
-        || (max_rows + 15) / 16 > 65535) {
+        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || (kernel != 0 && kernel != 1)) {
         return 2;
     }
     const cudaStream_t s = (cudaStream_t) stream;
     switch (dtype) {
-        case 1: return launch_type<half>(ggml_type, w, expert_bytes, row_bytes, x, src, bounds, experts, y, n_out,
-                                         k_in, n_active, max_rows, s);
-        case 2: return launch_type<__nv_bfloat16>(ggml_type, w, expert_bytes, row_bytes, x, src, bounds, experts, y,
-                                                  n_out, k_in, n_active, max_rows, s);
+        case 1: return launch_type<half>(ggml_type, kernel, tn, w, expert_bytes, row_bytes, x, src, bounds, experts, y,
+                                         n_out, k_in, n_active, max_rows, s);
+        case 2: return launch_type<__nv_bfloat16>(ggml_type, kernel, tn, w, expert_bytes, row_bytes, x, src, bounds,
+                                                  experts, y, n_out, k_in, n_active, max_rows, s);
         default: return 1;
     }
 }

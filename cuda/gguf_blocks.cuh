@@ -36,3 +36,29 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint8_t * q, int & d, 
         m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
     }
 }
+
+// Staging a step of 256 values of 64 rows into shared memory with 16-byte copies (cp.async), as
+// cuda/q8_moe.cu and cuda/dequant_gemm.cu's register-decode kernel do: each row's copies start
+// at the 16-byte boundary below the step's first byte.
+// 16-byte copies per row and step.
+__host__ __device__ constexpr int raw_chunks(int t) { return (bytes_256(t) + 15 + 15) / 16; }
+
+// A row's pitch in shared memory: its chunks plus 16 bytes `word` may read past the end, in words
+// ≡ 4 (mod 8), so that the 8 rows of one MMA fragment load hit 8 different groups of 4 banks.
+__host__ __device__ constexpr int raw_pitch(int t) {
+    int w = (raw_chunks(t) + 1) * 4;
+    while (w % 8 != 4) {
+        w += 4;
+    }
+    return w * 4;
+}
+
+// A word of a staged row: a plain load where the rows are known to sit on 4-byte boundaries
+// (ALIGNED), else `word`.
+template <bool ALIGNED> __device__ __forceinline__ uint32_t ld_word(const uint8_t * p) {
+    if constexpr (ALIGNED) {
+        return *(const uint32_t *) p;
+    } else {
+        return word(p);
+    }
+}

@@ -50,27 +50,6 @@ constexpr int THREADS = 128;    // 4 warps, 16 weight rows each
 constexpr int Q8B = 144;        // sizeof(block_q8_1_mmq): 16 bytes of scales, then 128 int8 values
 constexpr int XP = 2 * Q8B + 16; // one token's two activation blocks of a step (76 words: conflict-free)
 
-// 16-byte copies per row and step: from the 16-byte boundary below the step's first byte.
-__host__ __device__ constexpr int chunks(int t) { return (bytes_256(t) + 15 + 15) / 16; }
-
-// A row's pitch in shared memory: its chunks plus 16 bytes `word` may read past the end, in words
-// ≡ 4 (mod 8), so that the 8 rows of one fragment load hit 8 different groups of 4 banks.
-__host__ __device__ constexpr int pitch(int t) {
-    int w = (chunks(t) + 1) * 4;
-    while (w % 8 != 4) {
-        w += 4;
-    }
-    return w * 4;
-}
-
-template <bool ALIGNED> __device__ __forceinline__ uint32_t ld(const uint8_t * p) {
-    if constexpr (ALIGNED) {
-        return *(const uint32_t *) p;
-    } else {
-        return word(p);
-    }
-}
-
 // The MMAs accumulate onto MAGIC, the bits of the float 1.5·2^23: an integer sum |c| < 2^22 comes
 // out as the bits of 1.5·2^23 + c, and f32(c) is one subtraction (`dot`), without the conversion
 // unit (a quarter of the FP32 rate on sm_90) or an integer add per output.
@@ -124,8 +103,8 @@ __device__ __forceinline__ void step_scales(Blk blk, const uint8_t * xb, float *
     const uint8_t * b = blk(r);
     float * out = rsc + r * RS;
     if constexpr (T == Q4_K) {
-        const uint32_t w = ld<ALIGNED>(b), w0 = ld<ALIGNED>(b + 4), w1 = ld<ALIGNED>(b + 8),
-                       w2 = ld<ALIGNED>(b + 12);
+        const uint32_t w = ld_word<ALIGNED>(b), w0 = ld_word<ALIGNED>(b + 4), w1 = ld_word<ALIGNED>(b + 8),
+                       w2 = ld_word<ALIGNED>(b + 12);
         const half2 dm = __halves2half2(__ushort_as_half((unsigned short) (w & 0xFFFF)),
                                         __ushort_as_half((unsigned short) (w >> 16)))
                        * make_half2(1.0f, -1.0f); // (d, −dmin)
@@ -183,8 +162,8 @@ __device__ __forceinline__ void step_dot(const uint8_t * const (&b)[2], const fl
 #pragma unroll
         for (int pair = 0; pair < 4; ++pair) {
             const int o = 16 + 32 * pair + 4 * t;
-            const uint32_t w00 = ld<ALIGNED>(b[0] + o), w01 = ld<ALIGNED>(b[0] + o + 16);
-            const uint32_t w10 = ld<ALIGNED>(b[1] + o), w11 = ld<ALIGNED>(b[1] + o + 16);
+            const uint32_t w00 = ld_word<ALIGNED>(b[0] + o), w01 = ld_word<ALIGNED>(b[0] + o + 16);
+            const uint32_t w10 = ld_word<ALIGNED>(b[1] + o), w11 = ld_word<ALIGNED>(b[1] + o + 16);
 #pragma unroll
             for (int hi = 0; hi < 2; ++hi) {
                 const int s = 2 * pair + hi, sh = 4 * hi, kb = s / 4, i = s % 4;
@@ -278,7 +257,7 @@ __global__ void __launch_bounds__(THREADS) glmcheck_q8mm(
         const uint8_t * __restrict__ y, int ncols_y, const int32_t * __restrict__ ids_dst,
         const int32_t * __restrict__ bounds, const int32_t * __restrict__ experts,
         float * __restrict__ dst, int n_out, int k_in, int splits, float * __restrict__ partial) {
-    constexpr int TN = 8 * NT, B = bytes_256(T), CH = chunks(T), P = pitch(T);
+    constexpr int TN = 8 * NT, B = bytes_256(T), CH = raw_chunks(T), P = raw_pitch(T);
     const int z = blockIdx.z / splits, sp = blockIdx.z % splits;
     const int col0 = bounds[z] + blockIdx.x * TN;
     const int ncols = min(TN, bounds[z + 1] - col0);
@@ -398,7 +377,7 @@ template <int T, int NT, bool ALIGNED>
 int launch(const void * w, long long expert_bytes, long long row_bytes, const void * y, int ncols_y,
            const int32_t * ids_dst, const int32_t * bounds, const int32_t * experts, float * dst, int n_out,
            int k_in, int n_active, int max_cols, int splits, float * partial, cudaStream_t stream) {
-    const size_t shared = 2 * (BM * pitch(T) + 8 * NT * XP);
+    const size_t shared = 2 * (BM * raw_pitch(T) + 8 * NT * XP);
     auto kernel = glmcheck_q8mm<T, NT, ALIGNED>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) shared) != cudaSuccess
         || cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,

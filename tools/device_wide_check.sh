@@ -1,25 +1,27 @@
 #!/usr/bin/env bash
-# On the GPU machine, one call (~5 min on an H100): a change to q8's dense routes (NEW) against the
-# build before it (OLD), with a same-run pair against transformers:
+# On the GPU machine, one call (~5 min on an H100): a kernel change (NEW) against the build or the
+# route before it (OLD, possibly the same binary with OLD_ENV), with a same-run pair against
+# transformers:
 #  0. NEW's CUDA unit tests matching TEST_FILTERS (at most 75 s);
 #  1. tools/device_gpu_bench.sh phase Q with NEW (synth, glmcheck's --bench 5 forwards of both modes
 #     at 16 and 256 tokens, the HF export, transformers' timings, the module agreement at 16 tokens)
 #     into OUTDIR/q;
-#  2. at 256 tokens, q8: OLD's dump and NEW's forward against it (within q8's tolerance; not bit for
+#  2. at 256 tokens, --matmul MODE (q8 unless MODE=dequant): OLD's dump and NEW's forward against it (within q8's tolerance; not bit for
 #     bit when a matmul moves between kernels that sum k in another order), then ROUNDS interleaved
 #     --bench 5 rounds of each (old-256-rR, new-256-rR);
 #  3. ncu census (every kernel's time, grid, registers) of one 256-token forward of NEW and of OLD,
 #     and of NEW with CENSUS_ENV set (census-env-256; e.g. GLMCHECK_Q8_DENSE=wide), with what time
 #     is left.
-# NEW_ENV (e.g. GLMCHECK_Q8_DENSE=wide) is set for every NEW run (through a wrapper).
+# NEW_ENV (e.g. GLMCHECK_Q8_DENSE=wide) is set for every NEW run, OLD_ENV (e.g.
+# GLMCHECK_DEQUANT_EXPERTS=smem) for every OLD run (through wrappers).
 # Usage: tools/device_wide_check.sh OLD_GLMCHECK NEW_GLMCHECK NEW_TESTBIN OUTDIR
-# Env: TEST_FILTERS (set it: the whole test binary does not fit the 75 s), ROUNDS (2), DEADLINE (s from start, 570), NEW_ENV, CENSUS_ENV, PAIR (1; 0 skips
+# Env: TEST_FILTERS (set it: the whole test binary does not fit the 75 s), ROUNDS (2), DEADLINE (s from start, 570), MODE, NEW_ENV, OLD_ENV, CENSUS_ENV, PAIR (1; 0 skips
 # step 1 but the synth: ~3 min less), GLMCHECK_COMMIT,
 # GPU_BENCH_* as device_gpu_bench.sh takes them (peers under target-cuda/bin). OUT set: packs OUTDIR
 # into $OUT/x.tar.xz (keep OUTDIR outside $OUT). Figures: tools/device_gpu_summary.py OUTDIR/q (the
 # pair) and tools/device_ab_summary.py OUTDIR (the rest).
 set -uo pipefail
-old=$(readlink -f "$1"); newbin=$(readlink -f "$2"); tests=$(readlink -f "$3"); out=$4
+oldbin=$(readlink -f "$1"); newbin=$(readlink -f "$2"); tests=$(readlink -f "$3"); out=$4
 mkdir -p "$out"; out=$(readlink -f "$out")
 T0=$(date +%s); DEADLINE=${DEADLINE:-570}
 work=${GPU_BENCH_WORK:-/tmp/gpub}; mkdir -p "$work"; model=$work/m.gguf
@@ -33,9 +35,10 @@ step() {
   timeout "$max" "$@" > "$out/$name.json" 2> "$out/$name.log"
   local rc=$?; echo "$name rc=$rc $(awk "BEGIN{print $(date +%s.%N) - $t0}") s" >> "$out/rc.txt"
 }
-# NEW with NEW_ENV, as one executable
-new=$out/glmcheck-new
+# NEW with NEW_ENV and OLD with OLD_ENV, each as one executable
+new=$out/glmcheck-new old=$out/glmcheck-old
 printf '#!/bin/sh\nexec env %s %s "$@"\n' "${NEW_ENV:-}" "$newbin" > "$new"; chmod +x "$new"
+printf '#!/bin/sh\nexec env %s %s "$@"\n' "${OLD_ENV:-}" "$oldbin" > "$old"; chmod +x "$old"
 
 # 0. unit tests
 # shellcheck disable=SC2086
@@ -49,7 +52,7 @@ elif [ ! -f "$model" ]; then
 fi
 # 2. OLD against NEW at 256 tokens
 t256=$(seq -s, 1000 1255)
-fwd=(forward "$model" --device cuda --dtype bf16 --matmul q8 --max-new-tokens 0 --json --tokens "$t256")
+fwd=(forward "$model" --device cuda --dtype bf16 --matmul "${MODE:-q8}" --max-new-tokens 0 --json --tokens "$t256")
 if [ -f "$model" ]; then
   step old-dump-256 60 "$old" "${fwd[@]}" --dump "$work/old-256.safetensors"
   step new-vs-old-256 60 "$new" "${fwd[@]}" --reference "$work/old-256.safetensors"

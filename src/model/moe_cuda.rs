@@ -31,6 +31,8 @@ extern "C" {
     fn glmcheck_dequant_matmul(
         ggml_type: i32,
         dtype: i32,
+        kernel: i32,
+        tn: i32,
         w: *const std::ffi::c_void,
         expert_bytes: i64,
         row_bytes: i64,
@@ -53,10 +55,10 @@ pub(crate) fn grouped_type(t: GgmlDType) -> bool {
     kernel_type(t).is_some()
 }
 
-/// Whether dequant mode's tiled kernel (`cuda/dequant_gemm.cu`: blocks decoded into shared memory
-/// and multiplied there, never written out) covers this `[E, out, in]` stack in `dtype`: bf16 or
-/// f16 compute, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K blocks, `out` a multiple of 64 and `in` of 256.
-/// `GLMCHECK_DEQUANT_EXPERTS=batched` turns it off (decode-then-GEMM, to cross-check the two).
+/// Whether dequant mode's tiled kernels (`cuda/dequant_gemm.cu`: blocks decoded on the fly and
+/// multiplied, never written out) cover this `[E, out, in]` stack in `dtype`: bf16 or f16 compute,
+/// Q4_0, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K blocks, `out` a multiple of 64 and `in` of 256.
+/// `GLMCHECK_DEQUANT_EXPERTS=batched` turns them off (decode-then-GEMM, to cross-check).
 pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
     let shape_ok = matches!(w.shape().dims(), &[_, out, inp] if out.is_multiple_of(64) && inp.is_multiple_of(256));
     let type_ok = tiled_type(w.dtype()).is_some();
@@ -64,15 +66,63 @@ pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
     matches!(dtype, DType::BF16 | DType::F16) && shape_ok && type_ok && !off
 }
 
+/// Which of `cuda/dequant_gemm.cu`'s two tiled kernels multiplies: the register-decode kernel
+/// (`glmcheck_dqmma`: each lane decodes its MMA fragments from the raw blocks; Q4_K, Q5_K, Q6_K and
+/// Q8_0, the others fall back to the shared-memory kernel) at a tile width of 8, 16 or 32 tokens
+/// (`None`: by the busiest expert), or the shared-memory kernel (`glmcheck_dqmm`: a sub-block per
+/// lane decoded into a shared tile, then WMMA). Both give decode32's values rounded to the
+/// compute dtype, summed in f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TiledKernel {
+    Registers(Option<u8>),
+    Shared,
+}
+
+impl TiledKernel {
+    /// The default, or `GLMCHECK_DEQUANT_EXPERTS=smem` (the shared-memory kernel) and
+    /// `GLMCHECK_DEQUANT_TILE=8|16|32` (the register kernel's tile width), kept to measure one
+    /// against the other.
+    pub fn from_env() -> TiledKernel {
+        if std::env::var_os("GLMCHECK_DEQUANT_EXPERTS").is_some_and(|v| v == "smem") {
+            return TiledKernel::Shared;
+        }
+        let tile = std::env::var("GLMCHECK_DEQUANT_TILE")
+            .ok()
+            .and_then(|v| v.parse::<u8>().ok())
+            .filter(|t| matches!(t, 8 | 16 | 32));
+        TiledKernel::Registers(tile)
+    }
+
+    /// The launcher's (kernel, tile width) codes.
+    fn codes(self) -> (i32, i32) {
+        match self {
+            TiledKernel::Registers(tile) => (0, tile.map_or(0, i32::from)),
+            TiledKernel::Shared => (1, 0),
+        }
+    }
+}
+
 impl Grouping {
     /// Dequant mode's tiled kernel: `w` `[E, out, in]` (quantized) applied to rows of `x` (bf16 or
     /// f16 `[_, in]`): grouped row j is expert `experts(j)` times `x[tokens[j]]` (`by_token`) or
     /// `x[j]`. → `[rows, out]` in `x`'s dtype, rows in grouped order (see [`tiled_dequant`]).
     pub fn dequant_matmul(&self, w: &QTensor, x: &Tensor, by_token: bool) -> Result<Tensor> {
+        self.dequant_matmul_with(w, x, by_token, TiledKernel::from_env())
+    }
+
+    /// [`Grouping::dequant_matmul`] on the given kernel.
+    pub fn dequant_matmul_with(
+        &self,
+        w: &QTensor,
+        x: &Tensor,
+        by_token: bool,
+        kernel: TiledKernel,
+    ) -> Result<Tensor> {
         let op = DequantMatmul {
             w,
             g: self,
             by_token,
+            kernel,
         };
         x.contiguous()?.apply_op2_no_bwd(&self.table, &op)
     }
@@ -101,6 +151,7 @@ struct DequantMatmul<'a> {
     w: &'a QTensor,
     g: &'a Grouping,
     by_token: bool,
+    kernel: TiledKernel,
 }
 
 pub(super) fn attribute(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32> {
@@ -213,6 +264,7 @@ impl CustomOp2 for DequantMatmul<'_> {
         let [Ok(n_out), Ok(k_in), Ok(n_active), Ok(max_rows)] = dims else {
             return Err(too_big("a dimension"));
         };
+        let (kernel, tn) = self.kernel.codes();
         // The kernel copies 16-byte pieces of each activation row.
         let launch = |code: i32, x: u64, y: *mut std::ffi::c_void| unsafe {
             if !x.is_multiple_of(16) {
@@ -221,6 +273,8 @@ impl CustomOp2 for DequantMatmul<'_> {
             glmcheck_dequant_matmul(
                 ggml_type,
                 code,
+                kernel,
+                tn,
                 w_ptr,
                 (out * row_bytes) as i64,
                 row_bytes as i64,

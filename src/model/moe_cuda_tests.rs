@@ -28,6 +28,15 @@ const TILED_TYPES: [GgmlDType; 6] = [
     GgmlDType::Q6K,
 ];
 
+/// Both tiled kernels, the register kernel at each tile width and by the busiest expert.
+const TILED_KERNELS: [TiledKernel; 5] = [
+    TiledKernel::Registers(None),
+    TiledKernel::Registers(Some(8)),
+    TiledKernel::Registers(Some(16)),
+    TiledKernel::Registers(Some(32)),
+    TiledKernel::Shared,
+];
+
 /// The routing of `t` tokens over `e` experts, two slots each: token i → experts i % e and
 /// (i + 1) % e (every expert gets 2t/e rows).
 fn round_robin(t: usize, e: usize, dev: &Device) -> Result<Grouping> {
@@ -37,9 +46,9 @@ fn round_robin(t: usize, e: usize, dev: &Device) -> Result<Grouping> {
     Grouping::new(&Tensor::from_vec(ids, (t, 2), dev)?, e)
 }
 
-/// Every type the tiled kernel covers, both input orders (by token: gate/up; grouped rows: down),
-/// bf16 and f16, 6, 20 and 70 rows per expert (16-wide tiles, and 32-wide past 64 rows): the
-/// kernel's output equals candle's CUDA decode rounded to the compute dtype and multiplied in f32,
+/// Every type the tiled kernels cover, both input orders (by token: gate/up; grouped rows: down),
+/// bf16 and f16, 6, 20 and 70 rows per expert (partial groups of 8, one to nine tiles), both
+/// kernels and every tile width of the register kernel: the output equals candle's CUDA decode rounded to the compute dtype and multiplied in f32,
 /// to the output's rounding (a swapped nibble, scale or row gives a rel-L2 near 1).
 #[test]
 fn the_tiled_dequant_kernel_equals_candles_decode_then_matmul() -> Result<()> {
@@ -78,10 +87,6 @@ fn the_tiled_dequant_kernel_equals_candles_decode_then_matmul() -> Result<()> {
                 for by_token in [true, false] {
                     let n = if by_token { t } else { g.rows };
                     let x = Tensor::randn(0f32, 1.0, (n, inp), &dev)?.to_dtype(dtype)?;
-                    let got = g
-                        .dequant_matmul(&q, &x, by_token)?
-                        .to_dtype(DType::F32)?
-                        .to_device(&Device::Cpu)?;
                     let xf = x.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
                     let want = (0..g.rows)
                         .map(|j| {
@@ -90,12 +95,16 @@ fn the_tiled_dequant_kernel_equals_candles_decode_then_matmul() -> Result<()> {
                         })
                         .collect::<Result<Vec<_>>>()?;
                     let want = Tensor::cat(&want, 0)?;
-                    let err = rel_l2(&got, &want)?;
-                    assert!(
-                        err < 3e-3,
-                        "{qt:?} {dtype:?} t={t} by_token={by_token}: rel-L2 {err:.2e}"
-                    );
-                    eprintln!("{qt:?} {dtype:?} t={t} by_token={by_token}: rel-L2 {err:.2e}");
+                    for kernel in TILED_KERNELS {
+                        let got = g
+                            .dequant_matmul_with(&q, &x, by_token, kernel)?
+                            .to_dtype(DType::F32)?
+                            .to_device(&Device::Cpu)?;
+                        let err = rel_l2(&got, &want)?;
+                        let case = format!("{qt:?} {dtype:?} t={t} by_token={by_token} {kernel:?}");
+                        assert!(err < 3e-3, "{case}: rel-L2 {err:.2e}");
+                        eprintln!("{case}: rel-L2 {err:.2e}");
+                    }
                 }
             }
         }
