@@ -359,21 +359,19 @@ template <int T, typename Blk> __device__ __forceinline__ void dq_scales(Blk blk
 
 // One 256-value step of one warp: `b[h]` the raw blocks of the lane's rows g + 8h (`rs[h]` their
 // scales), `xb` the step's staged activations (token c at xb + c·XPB). acc[n][e]: row g + 8·(e / 2),
-// token 8n + 2t + e % 2 (the m16n8 accumulator layout); only the first `live` groups of 8 tokens
-// are multiplied.
-template <int T, int NT, bool ALIGNED, typename C>
+// token 8n + 2t + e % 2 (the m16n8 accumulator layout); only the first LIVE groups of 8 tokens
+// are multiplied (a compile-time count: no branch between a chunk's MMAs, so the compiler
+// interleaves one chunk's decoding with the previous chunk's MMAs).
+template <int T, int NT, int LIVE, bool ALIGNED, typename C>
 __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const float * const (&rs)[2],
-                                        const uint8_t * xb, int g, int t, int live, float (&acc)[NT][4]) {
+                                        const uint8_t * xb, int g, int t, float (&acc)[NT][4]) {
     // The chunk of 16 values at k0 of the step: lane values v[h][i] (row g + 8h, physical k0 + 4t + i)
     // into A, then one MMA per live group of 8 tokens.
     auto mma_chunk = [&](const float (&v)[2][4], int k0) {
         const uint32_t a[4] = {pack2<C>(v[0][0], v[0][1]), pack2<C>(v[1][0], v[1][1]), pack2<C>(v[0][2], v[0][3]),
                                pack2<C>(v[1][2], v[1][3])};
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            if (n >= live) {
-                break;
-            }
+        for (int n = 0; n < LIVE; ++n) {
             const uint2 bv = *(const uint2 *) (xb + (8 * n + g) * XPB + 2 * (k0 + 4 * t));
             mma_16816<C>(acc[n], a, bv.x, bv.y);
         }
@@ -451,6 +449,19 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
             }
         }
     }
+}
+
+// dq_step with LIVE = live (1..L), the block-uniform count of 8-token groups that hold tokens.
+template <int T, int NT, bool ALIGNED, typename C, int L = NT>
+__device__ __forceinline__ void dq_step_live(int live, const uint8_t * const (&b)[2], const float * const (&rs)[2],
+                                             const uint8_t * xb, int g, int t, float (&acc)[NT][4]) {
+    if constexpr (L > 1) {
+        if (live < L) {
+            dq_step_live<T, NT, ALIGNED, C, L - 1>(live, b, rs, xb, g, t, acc);
+            return;
+        }
+    }
+    dq_step<T, NT, L, ALIGNED, C>(b, rs, xb, g, t, acc);
 }
 
 // As glmcheck_dqmm: y[j] = W[experts[z]] · x[src[j]] for the grouped rows j of active expert z.
@@ -539,7 +550,7 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         }
         const uint8_t * b[2] = {blk(r0), blk(r0 + 8)};
         const float * rs[2] = {rsc + r0 * RS, rsc + (r0 + 8) * RS};
-        dq_step<T, NT, ALIGNED, C>(b, rs, xs + buf * TN * XPB, g, t, (nrows + 7) / 8, acc);
+        dq_step_live<T, NT, ALIGNED, C>((nrows + 7) / 8, b, rs, xs + buf * TN * XPB, g, t, acc);
     }
 #pragma unroll
     for (int n = 0; n < NT; ++n) {

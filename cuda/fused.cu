@@ -11,6 +11,11 @@
 //    dtype: candle's `bmul` rounds each product, `fast_sum_small_f32` adds them in slot order
 //    starting from 0. Here each product and each sum an explicit round-to-nearest intrinsic, so nvcc
 //    contracts nothing into a fused multiply-add.
+//  * dequant mode's MoE combine from grouped rows: each row's output (compute dtype) times its f32
+//    routing weight, rounded to the dtype, then candle's `index_add` into a zeroed [T, H] in row
+//    order (each add rounded to the dtype). candle's kernel gives each of H threads all R rows to
+//    walk (~1 ms per MoE layer at 256 tokens of GLM-5); here one thread per output walks its
+//    token's k rows, in the same row order.
 //  * MLA's per-head keys `[k_nope | k_rot]` and values from kv_b's output: copies only.
 //
 // Built by build.rs with `--features cuda`; declared in src/model/fused_cuda.rs.
@@ -86,6 +91,39 @@ __global__ void glmcheck_slot_sum_k(const float * __restrict__ y, const float * 
         acc = __fadd_rn(acc, __fmul_rn(y[slot * h + c], w[slot]));
     }
     out[idx] = down<T>(acc);
+}
+
+// out[tok] = Σ_j y[rows[j]] · w[slots[j]] over token tok's k rows (order: rows [n·k] then slots
+// [n·k], a token's rows ascending), as `zeros.index_add(tokens, (y as f32 · w) as T)`.
+template <typename T>
+__global__ void glmcheck_token_sum_k(const T * __restrict__ y, const float * __restrict__ w,
+                                     const uint32_t * __restrict__ order, T * __restrict__ out, long long n, int k,
+                                     int h) {
+    const long long idx = (long long) blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n * h) {
+        return;
+    }
+    const long long tok = idx / h;
+    const int c = (int) (idx % h);
+    const uint32_t * rows = order + tok * k;
+    const uint32_t * slots = order + n * k + tok * k;
+    float acc = 0.f; // a value of T
+    for (int j = 0; j < k; ++j) {
+        const float v = up<T>(down<T>(__fmul_rn(up<T>(y[(long long) rows[j] * h + c]), w[slots[j]])));
+        acc = up<T>(down<T>(__fadd_rn(acc, v)));
+    }
+    out[idx] = down<T>(acc);
+}
+
+template <typename T>
+int launch_token_sum(const void * y, const float * w, const uint32_t * order, void * out, long long n, int k, int h,
+                     cudaStream_t stream) {
+    const long long blocks = (n * h + 255) / 256;
+    if (blocks > 0x7fffffffLL) {
+        return 2;
+    }
+    glmcheck_token_sum_k<T><<<(unsigned) blocks, 256, 0, stream>>>((const T *) y, w, order, (T *) out, n, k, h);
+    return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
 
 template <typename T>
@@ -182,6 +220,21 @@ extern "C" int glmcheck_slot_sum(int dtype, const float * y, const float * w, vo
     case 0: return launch_slot_sum<float>(y, w, out, n, k, h, st);
     case 1: return launch_slot_sum<half>(y, w, out, n, k, h, st);
     case 2: return launch_slot_sum<__nv_bfloat16>(y, w, out, n, k, h, st);
+    default: return 1;
+    }
+}
+
+// y [rows, h] of the dtype, w f32 indexed by slot, order [2, n, k] u32 → out [n, h].
+extern "C" int glmcheck_token_sum(int dtype, const void * y, const float * w, const uint32_t * order, void * out,
+                                  long long n, int k, int h, void * stream) {
+    if (n <= 0 || k <= 0 || h <= 0) {
+        return 2;
+    }
+    cudaStream_t st = (cudaStream_t) stream;
+    switch (dtype) {
+    case 0: return launch_token_sum<float>(y, w, order, out, n, k, h, st);
+    case 1: return launch_token_sum<half>(y, w, order, out, n, k, h, st);
+    case 2: return launch_token_sum<__nv_bfloat16>(y, w, order, out, n, k, h, st);
     default: return 1;
     }
 }

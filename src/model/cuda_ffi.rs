@@ -51,6 +51,10 @@ pub fn ptr<'a>(
             let (p, g) = s.as_cuda_slice::<half::bf16>()?.device_ptr(stream);
             (p, g, 2)
         }
+        DType::U32 => {
+            let (p, g) = s.as_cuda_slice::<u32>()?.device_ptr(stream);
+            (p, g, 4)
+        }
         other => candle_core::bail!("no glmcheck CUDA kernel takes {other:?}"),
     };
     Ok(((base + (offset * size) as u64) as *mut c_void, guard))

@@ -8,6 +8,10 @@
 //!   three launches (broadcast multiply, sum, cast) and a `[T, k, H]` f32 product tensor per MoE
 //!   layer (~50 MB at 256 tokens and GLM-5's width).
 //!
+//! * [`token_sum`]: dequant mode's MoE combine from grouped rows, `zeros.index_add(tokens, (y as
+//!   f32 · w) as dtype)`: candle's `index_add` walks all R rows in each of H threads (~1 ms per
+//!   MoE layer at 256 tokens of GLM-5); one thread per output walks its token's k rows instead.
+//!
 //! * [`mla_kv`]: MLA's per-head keys `[k_nope | k_rot]` and values from kv_b's output: the
 //!   transpose, narrows, broadcast, cat and contiguous copies (four to six launches) in one.
 //!
@@ -16,7 +20,9 @@
 //! candle's chains on CUDA too (with `ops::Rope::rotate_part`'s), to measure the difference.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use candle_core::{
+    CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
+};
 
 use super::cuda_ffi::{alloc, check, code, i32_of, ptr, stream};
 
@@ -36,6 +42,17 @@ extern "C" {
         dtype: i32,
         y: *const f32,
         w: *const f32,
+        out: *mut std::ffi::c_void,
+        n: i64,
+        k: i32,
+        h: i32,
+        stream: *mut std::ffi::c_void,
+    ) -> i32;
+    fn glmcheck_token_sum(
+        dtype: i32,
+        y: *const std::ffi::c_void,
+        w: *const f32,
+        order: *const u32,
         out: *mut std::ffi::c_void,
         n: i64,
         k: i32,
@@ -111,6 +128,31 @@ pub fn slot_sum(y: &Tensor, w: &Tensor, dtype: DType) -> Result<Option<Tensor>> 
     let op = SlotSum { dtype };
     y.contiguous()?
         .apply_op2_no_bwd(&w.contiguous()?, &op)
+        .map(Some)
+}
+
+/// Grouped rows' outputs `y` `[R, H]` (f32/f16/bf16, on CUDA), routing weights `w` `[n, k]` f32,
+/// `order` `[2·n·k]` u32 (`Grouping::token_order`: each token's rows ascending, then their slots)
+/// → `[n, H]` in y's dtype, equal bit for bit to `zeros.index_add(tokens, (y as f32 ·
+/// w[slot]) as dtype)` over the rows in order. `None` when the operands are not what the kernel
+/// takes.
+pub fn token_sum(y: &Tensor, w: &Tensor, order: &Tensor) -> Result<Option<Tensor>> {
+    let (Ok((_, h)), Ok((n, k))) = (y.dims2(), w.dims2()) else {
+        return Ok(None);
+    };
+    if !enabled()
+        || !y.device().is_cuda()
+        || y.elem_count() == 0
+        || w.dtype() != DType::F32
+        || order.dtype() != DType::U32
+        || order.elem_count() != 2 * n * k
+        || code(y.dtype()).is_none()
+    {
+        return Ok(None);
+    }
+    let op = TokenSum { h };
+    y.contiguous()?
+        .apply_op3_no_bwd(&w.contiguous()?, &order.contiguous()?, &op)
         .map(Some)
 }
 
@@ -309,6 +351,75 @@ impl CustomOp2 for SlotSum {
     }
 }
 
+struct TokenSum {
+    h: usize,
+}
+
+impl CustomOp3 for TokenSum {
+    fn name(&self) -> &'static str {
+        "glmcheck-token-sum"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("glmcheck's grouped MoE combine runs on CUDA only")
+    }
+
+    fn cuda_fwd(
+        &self,
+        ys: &CudaStorage,
+        yl: &Layout,
+        ws: &CudaStorage,
+        wl: &Layout,
+        os: &CudaStorage,
+        ol: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let (n, k) = wl.shape().dims2()?;
+        let h = self.h;
+        let (Some((y0, _)), Some((w0, _)), Some((o0, _))) = (
+            yl.contiguous_offsets(),
+            wl.contiguous_offsets(),
+            ol.contiguous_offsets(),
+        ) else {
+            candle_core::bail!("token sum: operands are not contiguous")
+        };
+        let (k32, h32) = (i32_of(k, "token sum slots")?, i32_of(h, "width")?);
+        let dev = ys.device();
+        let (st, raw) = stream(dev);
+        let dtype = ys.dtype();
+        let out = alloc(dev, dtype, n * h)?;
+        let ((yp, _gy), (wp, _gw), (opp, _go), (outp, gout)) = (
+            ptr(ys, y0, &st)?,
+            ptr(ws, w0, &st)?,
+            ptr(os, o0, &st)?,
+            ptr(&out, 0, &st)?,
+        );
+        let rc = unsafe {
+            glmcheck_token_sum(
+                code(dtype).unwrap_or(-1),
+                yp,
+                wp as *const f32,
+                opp as *const u32,
+                outp,
+                n as i64,
+                k32,
+                h32,
+                raw,
+            )
+        };
+        drop(gout);
+        check("token sum", rc)?;
+        Ok((out, (n, h).into()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -393,6 +504,46 @@ mod tests {
                 assert!(key.is_contiguous() && value.is_contiguous());
                 assert_eq!(bits(&key)?, bits(&want_key)?, "{dtype:?} key");
                 assert_eq!(bits(&value)?, bits(&want_value)?, "{dtype:?} value");
+            }
+        }
+        Ok(())
+    }
+
+    /// The grouped combine equals candle's `index_add` chain (each row's output times its f32
+    /// weight, rounded to the dtype, added to its token in row order) bit for bit, in f32, f16 and
+    /// bf16, with 8 slots over 16 experts and 3 over 4 (rows of one token far apart). Adding a
+    /// token's rows in another order, or in f32, differs in some values.
+    #[test]
+    fn the_grouped_token_sum_equals_candles_index_add_bit_for_bit() -> Result<()> {
+        let Some(dev) = cuda() else { return Ok(()) };
+        for (t, k, e, h) in [(37usize, 8usize, 16u32, 300usize), (9, 3, 4, 64)] {
+            // token i → experts (5i + j) mod e, j < k: k distinct experts, rows spread over the table.
+            let ids: Vec<u32> = (0..t)
+                .flat_map(|i| (0..k).map(move |j| ((i as u32) * 5 + j as u32) % e))
+                .collect();
+            let g = crate::model::grouping::Grouping::new(
+                &Tensor::from_vec(ids, (t, k), &Device::Cpu)?,
+                e as usize,
+            )?;
+            let rows = g.rows;
+            let table = g.table.to_device(&dev)?;
+            let (tokens, slots) = (table.narrow(0, 0, rows)?, table.narrow(0, rows, rows)?);
+            let order = g.token_order(k);
+            let order = Tensor::from_vec(order, 2 * rows, &dev)?;
+            let w = Tensor::rand(0f32, 1.0, (t, k), &dev)?;
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let y = Tensor::randn(0f32, 3.0, (rows, h), &dev)?.to_dtype(dtype)?;
+                let got = token_sum(&y, &w, &order)?
+                    .ok_or_else(|| candle_core::Error::Msg("kernel declined".into()))?;
+                let wr = w.flatten_all()?.index_select(&slots, 0)?.unsqueeze(1)?;
+                let ys = y
+                    .to_dtype(DType::F32)?
+                    .broadcast_mul(&wr)?
+                    .to_dtype(dtype)?;
+                let want = Tensor::zeros((t, h), dtype, &dev)?.index_add(&tokens, &ys, 0)?;
+                let (a, b) = (bits(&got)?, bits(&want)?);
+                let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+                assert_eq!(differ, 0, "{dtype:?} t={t} k={k}: {differ} values differ");
             }
         }
         Ok(())

@@ -77,6 +77,27 @@ impl Grouping {
         self.by_expert.iter().map(Vec::len).max().unwrap_or(0)
     }
 
+    /// Each token's grouped rows in row order, for a combine that sums per token what an
+    /// `index_add` over the rows sums (`model::fused_cuda::token_sum`): `[rows (t·k) | slots
+    /// (t·k)]`, token i's rows at `i·k..(i+1)·k` ascending, each beside its slot `token·k +
+    /// slot`. Every token has exactly `k` rows (the router picks k distinct experts).
+    pub(crate) fn token_order(&self, k: usize) -> Vec<u32> {
+        let n = self.rows;
+        let mut out = vec![0u32; 2 * n];
+        let mut filled = vec![0usize; n / k.max(1)];
+        let slots = self.by_expert.iter().flatten();
+        for (j, &s) in slots.enumerate() {
+            let tok = s as usize / k.max(1);
+            if let Some(f) = filled.get_mut(tok) {
+                let at = tok * k + (*f).min(k.saturating_sub(1));
+                out[at] = j as u32;
+                out[n + at] = s;
+                *f += 1;
+            }
+        }
+        out
+    }
+
     /// The tile width for these experts' row counts (see [`BREAK_EVEN`]).
     pub(crate) fn tile_width(&self) -> usize {
         tile_width_for(self.by_expert.iter().map(Vec::len))
@@ -198,6 +219,18 @@ mod tests {
         assert_eq!(slots, [1, 2, 3, 0]); // token·k + slot
         assert_eq!(bounds, [0, 2, 3, 4]);
         assert_eq!(experts, [1, 2, 3]);
+        Ok(())
+    }
+
+    #[test]
+    fn each_tokens_rows_come_in_row_order_beside_their_slots() -> Result<()> {
+        // token 0 → experts 3, 1; token 1 → experts 1, 2; token 2 → experts 0, 3.
+        // Rows (expert-major): e0 [t2], e1 [t0, t1], e2 [t1], e3 [t0, t2].
+        let g = grouping(&[[3, 1], [1, 2], [0, 3]], 4)?;
+        let order = g.token_order(2);
+        let (rows, slots) = order.split_at(6);
+        assert_eq!(rows, [1, 4, 2, 3, 0, 5]);
+        assert_eq!(slots, [1, 0, 2, 3, 4, 5]); // row 1 is token 0's slot 1 (expert 1)
         Ok(())
     }
 

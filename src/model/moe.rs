@@ -497,6 +497,14 @@ fn grouped_sum(
     weights: &Tensor,
 ) -> Result<Tensor> {
     let rows = grouping.rows;
+    let k = weights.dim(1)?;
+    if super::fused_cuda::enabled() && y.device().is_cuda() && t * k == rows {
+        // One launch instead of candle's index_add (same order, same roundings).
+        let order = Tensor::from_vec(grouping.token_order(k), 2 * rows, y.device())?;
+        if let Some(out) = super::fused_cuda::token_sum(y, weights, &order)? {
+            return Ok(out);
+        }
+    }
     let (tokens, slots) = (
         grouping.table.narrow(0, 0, rows)?,
         grouping.table.narrow(0, rows, rows)?,

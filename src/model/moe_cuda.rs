@@ -69,7 +69,7 @@ pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
 /// Which of `cuda/dequant_gemm.cu`'s two tiled kernels multiplies: the register-decode kernel
 /// (`glmcheck_dqmma`: each lane decodes its MMA fragments from the raw blocks; Q4_K, Q5_K, Q6_K and
 /// Q8_0, the others fall back to the shared-memory kernel) at a tile width of 8, 16 or 32 tokens
-/// (`None`: by the busiest expert), or the shared-memory kernel (`glmcheck_dqmm`: a sub-block per
+/// (`None`: the grouping's cost-model tile, at most 32), or the shared-memory kernel (`glmcheck_dqmm`: a sub-block per
 /// lane decoded into a shared tile, then WMMA). Both give decode32's values rounded to the
 /// compute dtype, summed in f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -265,6 +265,13 @@ impl CustomOp2 for DequantMatmul<'_> {
             return Err(too_big("a dimension"));
         };
         let (kernel, tn) = self.kernel.codes();
+        // By default the grouping's cost-model tile (as q8's int8 experts), at most 32 tokens:
+        // 16 at 256 tokens of GLM-5 (~9 rows an expert), 8 at 16 tokens.
+        let tn = if kernel == 0 && tn == 0 {
+            g.tile_width().min(32) as i32
+        } else {
+            tn
+        };
         // The kernel copies 16-byte pieces of each activation row.
         let launch = |code: i32, x: u64, y: *mut std::ffi::c_void| unsafe {
             if !x.is_multiple_of(16) {
