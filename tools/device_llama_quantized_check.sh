@@ -6,7 +6,7 @@
 #  2. glmcheck synth --dims glm5 --layers 2 --qtype q8_0 (1 dense + 1 MoE), then
 #     llama-quantize --allow-requantize to Q4_K_M: llama.cpp's type mix and its Q4_K/Q6_K/... blocks;
 #  3. dequant mode: the tiled expert kernel's forward against the decode-then-GEMM forward
-#     (GLMCHECK_DEQUANT_EXPERTS=batched, candle's decoders) of that file, module by module, 16 tokens;
+#     (GLMCHECK_DEQUANT_EXPERTS=batched, candle's decoders) of that file, module by module, 16 and 256 tokens;
 #  4. q8 mode: the int8 expert kernel's forward against llama.cpp's MMQ (GLMCHECK_Q8_EXPERTS=mmq);
 #  5. --bench 5 at 16 and 256 tokens, both modes.
 # Usage: tools/device_llama_quantized_check.sh GLMCHECK OUTDIR   Env: WORK (default /tmp/gpub), PEERS
@@ -33,6 +33,11 @@ GLMCHECK_DEQUANT_EXPERTS=batched step batched-dump 120 "$bin" forward "$model" -
   --dtype bf16 --matmul dequant --max-new-tokens 0 --json --dump "$d/batched.safetensors"
 step tiled-vs-batched 120 "$bin" forward "$model" --tokens "$t16" --device cuda --dtype bf16 --matmul dequant \
   --max-new-tokens 0 --json --reference "$d/batched.safetensors"
+t256=$(seq -s, 1000 1255)
+GLMCHECK_DEQUANT_EXPERTS=batched step batched-dump-256 120 "$bin" forward "$model" --tokens "$t256" --device cuda \
+  --dtype bf16 --matmul dequant --max-new-tokens 0 --json --dump "$d/batched-256.safetensors"
+step tiled-vs-batched-256 120 "$bin" forward "$model" --tokens "$t256" --device cuda --dtype bf16 --matmul dequant \
+  --max-new-tokens 0 --json --reference "$d/batched-256.safetensors"
 GLMCHECK_Q8_EXPERTS=mmq step mmq-dump 120 "$bin" forward "$model" --tokens "$t16" --device cuda --dtype bf16 \
   --matmul q8 --max-new-tokens 0 --json --dump "$d/mmq.safetensors"
 step int8-vs-mmq 120 "$bin" forward "$model" --tokens "$t16" --device cuda --dtype bf16 --matmul q8 \
