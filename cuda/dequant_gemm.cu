@@ -282,8 +282,9 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmm(
 // ---- The register-decode kernel (Q4_K, Q5_K, Q6_K, Q8_0) ------------------------------------------
 // The same decoded values as glmcheck_dqmm (decode32's expressions, rounded once to the compute
 // dtype), multiplied with mma.sync m16n8k16 whose A fragments each lane decodes straight from the
-// raw blocks into registers: no decoded tile goes through shared memory, and a weight costs about
-// three instructions (a byte permute into the float 2^23 + q, one subtraction, the scale's FMA)
+// raw blocks into registers: no decoded tile goes through shared memory, and a weight costs two
+// instructions (a byte permute into a float that carries q, the scale's FMA with the offset folded
+// into its addend: "One FMA a weight" below; Q4_K/Q5_K steps whose addend would round take three)
 // plus half a packing conversion. glmcheck_dqmm's decode (a lane decodes a whole 32-value
 // sub-block into 32 registers, stores it, the warp reloads it with ldmatrix) ran at ~6 weights per
 // SM cycle and bounded dequant mode's experts (reports/gpu-moe.md, E2).
@@ -322,32 +323,68 @@ __device__ __forceinline__ float magic_byte(uint32_t x, int i) {
     return __uint_as_float(__byte_perm(x, 0x4B000000u, 0x7540 + i));
 }
 
-// Floats of a step's row scales per row: Q4_K/Q5_K (d·sc, dmin·m) per 32-value sub-block, Q6_K
-// d·sc per 16 values, Q8_0 d per 32; +2 so that the 8 rows of a fragment spread over the banks.
+// ---- One FMA a weight ----
+// A byte q < 128 permuted into a float of a larger exponent needs no subtraction when the offset
+// it carries is folded into the FMA's addend, and that addend is exact:
+//   half_byte(x, i)  = 0.5 + q/256   (q in bits 16..22, exponent of 0.5: 0x3F_q_00_00)
+//   w15_byte(x, i)   = 2^15 + q      (q in bits 8..15, exponent of 2^15: 0x47_00_q_00)
+// so d·q - m = fma(256·d, half_byte, -(128·d + m)) and d·(q - 128) = fma(d, w15_byte, -32896·d), each
+// rounded once from the exact value -- the value decode32's expression rounds once -- whenever the
+// addend is exactly representable. Q6_K (d·sc·(q - 32): addend -160·d·sc, 21 bits at most) and
+// Q8_0 (addend -32896·d, 20 bits) always are; Q4_K/Q5_K's -(128·d·sc + dmin·m) is when the two
+// 17-bit products overlap enough (every sub-block of every file measured so far), and dq_scales
+// reports whether it held for all of a step's sub-blocks: the block then takes the one-FMA
+// decode, otherwise decode32's two-operation one (the same value either way).
+__device__ __forceinline__ float half_byte(uint32_t x, int i) {
+    return __uint_as_float(__byte_perm(x, 0x3F000000u, 0x7044 + (i << 8)));
+}
+__device__ __forceinline__ float w15_byte(uint32_t x, int i) {
+    return __uint_as_float(__byte_perm(x, 0x47000000u, 0x7504 + (i << 4)));
+}
+
+// Floats of a step's row scales per row (+2 so that the 8 rows of a fragment spread over the
+// banks): Q4_K/Q5_K (256·d·sc, -(128·d·sc + dmin·m)) per 32-value sub-block, Q6_K 256·d·sc per 16
+// values (its addend is -0.625 times that, exactly), Q8_0 d per 32. (More floats a row would cost
+// Q4_K and Q6_K a resident block per SM: shared memory bounds them.)
 template <int T> __host__ __device__ constexpr int dq_row_scales() { return (T == Q8_0 ? 8 : 16) + 2; }
 
+// a + b rounded, and whether that is exact (Knuth's TwoSum: the rounding error is zero).
+__device__ __forceinline__ bool exact_sum(float a, float b, float & s) {
+    s = __fadd_rn(a, b);
+    const float bb = __fsub_rn(s, a);
+    const float err = __fadd_rn(__fsub_rn(a, __fsub_rn(s, bb)), __fsub_rn(b, bb));
+    return err == 0.0f;
+}
+
 // A step's row scales into shared memory, by the whole block (thread tid: row tid % 64, half
-// tid / 64 of its sub-blocks), as decode32 computes them.
-template <int T, typename Blk> __device__ __forceinline__ void dq_scales(Blk blk, float * rsc, int tid) {
+// tid / 64 of its sub-blocks), from the products decode32 forms (d·sc and dmin·m are exact: 11-bit
+// halves times 6-bit integers). Returns whether every Q4_K/Q5_K addend this thread wrote is exact
+// (always true for the other types).
+template <int T, typename Blk> __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
     constexpr int RS = dq_row_scales<T>();
     const int r = tid % BM, h = tid / BM;
     const uint8_t * b = blk(r);
     float * out = rsc + r * RS;
+    bool exact = true;
     if constexpr (T == Q4_K || T == Q5_K) {
         const float dall = h2f(b), dmin = h2f(b + 2);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
+            const int s = 4 * h + i;
             int sc, m;
-            scale_min_k4(4 * h + i, b + 4, sc, m);
-            out[2 * (4 * h + i)] = dall * sc;
-            out[2 * (4 * h + i) + 1] = dmin * m;
+            scale_min_k4(s, b + 4, sc, m);
+            const float d1 = dall * sc, m1 = dmin * m;
+            float c;
+            exact &= exact_sum(128.0f * d1, m1, c);
+            out[2 * s] = 256.0f * d1;
+            out[2 * s + 1] = -c;
         }
     } else if constexpr (T == Q6_K) {
         const float d = h2f(b + 208);
         const int8_t * sc = (const int8_t *) (b + 192);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            out[8 * h + i] = d * sc[8 * h + i];
+            out[8 * h + i] = 256.0f * (d * sc[8 * h + i]);
         }
     } else {
 #pragma unroll
@@ -355,18 +392,37 @@ template <int T, typename Blk> __device__ __forceinline__ void dq_scales(Blk blk
             out[4 * h + i] = h2f(b + 34 * (4 * h + i));
         }
     }
+    return exact;
 }
 
 // One 256-value step of one warp: `b[h]` the raw blocks of the lane's rows g + 8h (`rs[h]` their
 // scales), `xb` the step's staged activations (token c at xb + c·XPB). acc[n][e]: row g + 8·(e / 2),
 // token 8n + 2t + e % 2 (the m16n8 accumulator layout); only the first LIVE groups of 8 tokens
 // are multiplied (a compile-time count: no branch between a chunk's MMAs, so the compiler
-// interleaves one chunk's decoding with the previous chunk's MMAs).
-template <int T, int NT, int LIVE, bool ALIGNED, typename C>
+// interleaves one chunk's decoding with the previous chunk's MMAs). FMA1: the one-FMA decode
+// (Q4_K/Q5_K only when dq_scales found every addend exact; the other types always).
+template <int T, int NT, int LIVE, bool ALIGNED, bool FMA1, typename C>
 __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const float * const (&rs)[2],
                                         const uint8_t * xb, int g, int t, float (&acc)[NT][4]) {
     // The chunk of 16 values at k0 of the step: lane values v[h][i] (row g + 8h, physical k0 + 4t + i)
     // into A, then one MMA per live group of 8 tokens.
+    // The lane's rows as aligned words and one funnel shift each (a row's misalignment is the same
+    // for every word of the step): wd(h, off) is the word at byte off (a multiple of 4) of row h.
+    const uint32_t * wb[2];
+    unsigned sh[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const unsigned mis = ALIGNED ? 0 : (unsigned) (uintptr_t) b[h] & 3;
+        wb[h] = (const uint32_t *) (b[h] - mis); // derived from the shared array: LDS, not generic loads
+        sh[h] = 8 * mis;
+    }
+    auto wd = [&](int h, int off) -> uint32_t {
+        if constexpr (ALIGNED) {
+            return wb[h][off / 4];
+        } else {
+            return __funnelshift_r(wb[h][off / 4], wb[h][off / 4 + 1], sh[h]);
+        }
+    };
     auto mma_chunk = [&](const float (&v)[2][4], int k0) {
         const uint32_t a[4] = {pack2<C>(v[0][0], v[0][1]), pack2<C>(v[1][0], v[1][1]), pack2<C>(v[0][2], v[0][3]),
                                pack2<C>(v[1][2], v[1][3])};
@@ -383,11 +439,11 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
             for (int c = 0; c < 2; ++c) {
                 const int l = 16 * c + 4 * t; // the lane's values l..l+3 of the sub-blocks
                 const int o = (T == Q4_K ? 16 : 48) + 32 * pair + l;
-                const uint32_t w[2] = {ld_word<ALIGNED>(b[0] + o), ld_word<ALIGNED>(b[1] + o)};
+                const uint32_t w[2] = {wd(0, o), wd(1, o)};
                 uint32_t qh[2] = {0, 0};
                 if constexpr (T == Q5_K) {
-                    qh[0] = ld_word<ALIGNED>(b[0] + 16 + l);
-                    qh[1] = ld_word<ALIGNED>(b[1] + 16 + l);
+                    qh[0] = wd(0, 16 + l);
+                    qh[1] = wd(1, 16 + l);
                 }
 #pragma unroll
                 for (int hi = 0; hi < 2; ++hi) {
@@ -400,9 +456,21 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
                             x |= ((qh[h] >> s) & 0x01010101u) << 4; // decode32's `+ 16`: the same integer
                         }
                         const float2 f = *(const float2 *) (rs[h] + 2 * s);
+                        if constexpr (FMA1) {
 #pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            v[h][i] = f.x * (magic_byte(x, i) - 8388608.0f) - f.y;
+                            for (int i = 0; i < 4; ++i) {
+                                v[h][i] = __fmaf_rn(f.x, half_byte(x, i), f.y);
+                            }
+                        } else {
+                            // decode32's scale and min, from the raw block (a rare step: not kept in
+                            // shared memory, where they would cost a resident block per SM)
+                            int sc, m;
+                            scale_min_k4(s, b[h] + 4, sc, m);
+                            const float d1 = h2f(b[h]) * sc, m1 = h2f(b[h] + 2) * m;
+#pragma unroll
+                            for (int i = 0; i < 4; ++i) {
+                                v[h][i] = d1 * (magic_byte(x, i) - 8388608.0f) - m1;
+                            }
                         }
                     }
                     mma_chunk(v, 32 * s + 16 * c);
@@ -419,12 +487,12 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
                 float v[2][4];
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const uint32_t q = word(b[h] + 64 * ip + 32 * (jj & 1) + l), hb = word(b[h] + 128 + 32 * ip + l);
+                    const uint32_t q = wd(h, 64 * ip + 32 * (jj & 1) + l), hb = wd(h, 128 + 32 * ip + l);
                     const uint32_t x = ((q >> lsh) & 0x0F0F0F0Fu) | (((hb >> hsh) & 0x03030303u) << 4);
-                    const float ds = rs[h][2 * s + c];
+                    const float a = rs[h][2 * s + c], add = -0.625f * a; // 256·ds, -160·ds
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
-                        v[h][i] = ds * (magic_byte(x, i) - 8388640.0f);
+                        v[h][i] = __fmaf_rn(a, half_byte(x, i), add);
                     }
                 }
                 mma_chunk(v, 32 * s + 16 * c);
@@ -439,10 +507,10 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const uint32_t q = word(b[h] + 34 * s + 2 + 16 * c + 4 * t) ^ 0x80808080u; // int8 + 128
-                    const float d = rs[h][s];
+                    const float d = rs[h][s], add = -32896.0f * d;
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
-                        v[h][i] = d * (magic_byte(q, i) - 8388736.0f);
+                        v[h][i] = __fmaf_rn(d, w15_byte(q, i), add);
                     }
                 }
                 mma_chunk(v, 32 * s + 16 * c);
@@ -452,16 +520,16 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
 }
 
 // dq_step with LIVE = live (1..L), the block-uniform count of 8-token groups that hold tokens.
-template <int T, int NT, bool ALIGNED, typename C, int L = NT>
+template <int T, int NT, bool ALIGNED, bool FMA1, typename C, int L = NT>
 __device__ __forceinline__ void dq_step_live(int live, const uint8_t * const (&b)[2], const float * const (&rs)[2],
                                              const uint8_t * xb, int g, int t, float (&acc)[NT][4]) {
     if constexpr (L > 1) {
         if (live < L) {
-            dq_step_live<T, NT, ALIGNED, C, L - 1>(live, b, rs, xb, g, t, acc);
+            dq_step_live<T, NT, ALIGNED, FMA1, C, L - 1>(live, b, rs, xb, g, t, acc);
             return;
         }
     }
-    dq_step<T, NT, L, ALIGNED, C>(b, rs, xb, g, t, acc);
+    dq_step<T, NT, L, ALIGNED, FMA1, C>(b, rs, xb, g, t, acc);
 }
 
 // As glmcheck_dqmm: y[j] = W[experts[z]] · x[src[j]] for the grouped rows j of active expert z.
@@ -543,14 +611,21 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         // Everyone's copies of this step have landed; everyone is done with the other buffer and
         // with the previous step's scales.
         __syncthreads();
-        dq_scales<T>(blk, rsc, tid);
-        __syncthreads();
+        // Whether every addend of the step is exact (block-uniform): the one-FMA decode.
+        const bool fma1 = __syncthreads_and(dq_scales<T>(blk, rsc, tid));
         if (step + 1 < steps) {
             stage(buf ^ 1, step + 1);
         }
         const uint8_t * b[2] = {blk(r0), blk(r0 + 8)};
         const float * rs[2] = {rsc + r0 * RS, rsc + (r0 + 8) * RS};
-        dq_step_live<T, NT, ALIGNED, C>((nrows + 7) / 8, b, rs, xs + buf * TN * XPB, g, t, acc);
+        const int live = (nrows + 7) / 8;
+        if constexpr (T == Q4_K || T == Q5_K) {
+            if (!fma1) {
+                dq_step_live<T, NT, ALIGNED, false, C>(live, b, rs, xs + buf * TN * XPB, g, t, acc);
+                continue;
+            }
+        }
+        dq_step_live<T, NT, ALIGNED, true, C>(live, b, rs, xs + buf * TN * XPB, g, t, acc);
     }
 #pragma unroll
     for (int n = 0; n < NT; ++n) {

@@ -21,9 +21,11 @@ __device__ __forceinline__ float h2f(const uint8_t * p) {
 
 // Four bytes from any address in shared memory (little-endian): two aligned words, one funnel shift.
 __device__ __forceinline__ uint32_t word(const uint8_t * p) {
-    const uintptr_t a = (uintptr_t) p;
-    const uint32_t * q = (const uint32_t *) (a & ~(uintptr_t) 3);
-    return __funnelshift_r(q[0], q[1], (unsigned) (a & 3) * 8);
+    const unsigned mis = (unsigned) (uintptr_t) p & 3;
+    // p - mis, not an integer cast: the pointer stays derived from the shared array, so the loads
+    // compile to shared-memory loads (LDS) rather than generic ones
+    const uint32_t * q = (const uint32_t *) (p - mis);
+    return __funnelshift_r(q[0], q[1], mis * 8);
 }
 
 // Q4_K/Q5_K: the 6-bit scale and min of sub-block j from the 12 packed bytes at q (ggml's

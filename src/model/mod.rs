@@ -16,6 +16,8 @@ pub mod behaviour;
 pub mod capture;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_ffi;
+#[cfg(test)]
+pub(crate) mod fma_decode_tests;
 #[cfg(feature = "cuda")]
 pub(crate) mod fused_cuda;
 pub mod grouping;

@@ -4,6 +4,7 @@
 //! tools/device_tiled_check.sh and tools/device_decode_check.sh.
 
 use super::*;
+use crate::model::fma_decode_tests;
 use crate::model::q8_cuda::{
     dense_on_int8, dense_tile, int8_dense, int8_tile, split_count, Q8Kernel, DENSE_TILE_MAX,
     EXPERT_TILE_MAX, INT8_DENSE_TOKENS,
@@ -106,6 +107,72 @@ fn the_tiled_dequant_kernel_equals_candles_decode_then_matmul() -> Result<()> {
                         eprintln!("{case}: rel-L2 {err:.2e}");
                     }
                 }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The register-decode kernel decodes every weight to candle's value, bit for bit, on both of its
+/// decodes: tokens that are the unit vectors e_k make each output row one column of the decoded
+/// weights (1·w plus zeros, exact in f32), so the output must equal candle's decode rounded to the
+/// compute dtype in every bit. Expert 0's weights are spread evenly (every Q4_K/Q5_K addend exact:
+/// the one-FMA decode), expert 1's sub-blocks hold values in [-1e-3·u, 1) (tiny mins far below
+/// their scales: inexact addends, so those blocks take the two-operation decode); both asserted on
+/// the quantized blocks before the kernels run. The shared-memory kernel is held to the same bits.
+#[test]
+fn the_tiled_kernels_decode_every_weight_to_candles_bits() -> Result<()> {
+    let Ok(dev) = Device::new_cuda(0) else {
+        eprintln!("no CUDA device: skipped");
+        return Ok(());
+    };
+    let (out, inp) = (64usize, 512usize);
+    let w = fma_decode_tests::two_experts(out, inp)?;
+    // Token i: e_(i % inp), routed to expert i / inp (k = 1): each expert's grouped rows are
+    // the unit vectors in order.
+    let ids: Vec<u32> = (0..2 * inp).map(|i| (i / inp) as u32).collect();
+    let g = Grouping::new(&Tensor::from_vec(ids, (2 * inp, 1), &dev)?, 2)?;
+    let eye = Tensor::eye(inp, DType::F32, &Device::Cpu)?;
+    let x = Tensor::cat(&[&eye, &eye], 0)?;
+    for qt in TILED_TYPES {
+        let cpu = QTensor::quantize(&w, qt)?;
+        fma_decode_tests::assert_both_decodes(&cpu)?;
+        let q = QTensor::quantize_onto(&w, qt, &dev)?;
+        for dtype in [DType::BF16, DType::F16] {
+            // [2, out, inp] → the rows the kernel must return: expert e's column k at row e·inp + k.
+            let want = q
+                .dequantize(&dev)?
+                .to_dtype(dtype)?
+                .transpose(1, 2)?
+                .reshape((2 * inp, out))?
+                .to_dtype(DType::F32)?
+                .to_device(&Device::Cpu)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            let xd = x.to_dtype(dtype)?.to_device(&dev)?;
+            for kernel in TILED_KERNELS {
+                let got = g
+                    .dequant_matmul_with(&q, &xd, true, kernel)?
+                    .to_dtype(DType::F32)?
+                    .to_device(&Device::Cpu)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                let bad = got
+                    .iter()
+                    .zip(&want)
+                    .position(|(a, b)| a.to_bits() != b.to_bits() && !(*a == 0.0 && *b == 0.0));
+                let case = format!("{qt:?} {dtype:?} {kernel:?}");
+                assert!(
+                    bad.is_none(),
+                    "{case}: value {} (expert {}, row {}, k {}) is {} where candle decodes {}",
+                    bad.unwrap_or(0),
+                    bad.unwrap_or(0) / (inp * out),
+                    bad.unwrap_or(0) % out,
+                    bad.unwrap_or(0) / out % inp,
+                    got[bad.unwrap_or(0)],
+                    want[bad.unwrap_or(0)]
+                );
+                eprintln!("{case}: all {} weights bit for bit", got.len());
             }
         }
     }
