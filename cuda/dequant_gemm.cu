@@ -155,10 +155,10 @@ template <int T, int TN, typename C>
 __global__ void __launch_bounds__(THREADS) glmcheck_dqmm(
         const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes,
         const C * __restrict__ x, const int32_t * __restrict__ src,
-        const int32_t * __restrict__ bounds, const int32_t * __restrict__ experts,
+        const int32_t * __restrict__ bounds, const int32_t * __restrict__ experts, const int32_t * __restrict__ zlist,
         C * __restrict__ y, int n_out, int k_in) {
     constexpr int B = bytes_256(T), SLOT = slot_bytes(T), CHUNKS = SLOT / 16 - 1;
-    const int z = blockIdx.z;
+    const int z = zlist ? zlist[blockIdx.z] : (int) blockIdx.z; // the active expert of this grid plane
     const int row0 = bounds[z] + blockIdx.y * TN;
     const int nrows = min(TN, bounds[z + 1] - row0);
     if (nrows <= 0) {
@@ -538,10 +538,10 @@ template <int T, int NT, bool ALIGNED, typename C>
 __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes,
         const C * __restrict__ x, const int32_t * __restrict__ src,
-        const int32_t * __restrict__ bounds, const int32_t * __restrict__ experts,
+        const int32_t * __restrict__ bounds, const int32_t * __restrict__ experts, const int32_t * __restrict__ zlist,
         C * __restrict__ y, int n_out, int k_in) {
     constexpr int TN = 8 * NT, B = bytes_256(T), CH = raw_chunks(T), P = raw_pitch(T), RS = dq_row_scales<T>();
-    const int z = blockIdx.z;
+    const int z = zlist ? zlist[blockIdx.z] : (int) blockIdx.z; // the active expert of this grid plane
     const int row0 = bounds[z] + blockIdx.x * TN;
     const int nrows = min(TN, bounds[z + 1] - row0);
     if (nrows <= 0) {
@@ -641,7 +641,7 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
 
 template <int T, int NT, bool ALIGNED, typename C>
 int launch_mma(const void * w, long long expert_bytes, long long row_bytes, const void * x, const int32_t * src,
-               const int32_t * bounds, const int32_t * experts, void * y, int n_out, int k_in, int n_active,
+               const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in, int n_active,
                int max_rows, cudaStream_t stream) {
     const size_t shared = 2 * (BM * raw_pitch(T) + 8 * NT * XPB);
     auto kernel = glmcheck_dqmma<T, NT, ALIGNED, C>;
@@ -652,19 +652,19 @@ int launch_mma(const void * w, long long expert_bytes, long long row_bytes, cons
     }
     const dim3 grid((max_rows + 8 * NT - 1) / (8 * NT), n_out / BM, n_active);
     kernel<<<grid, THREADS, shared, stream>>>((const uint8_t *) w, expert_bytes, row_bytes, (const C *) x, src, bounds,
-                                              experts, (C *) y, n_out, k_in);
+                                              experts, zlist, (C *) y, n_out, k_in);
     return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
 
 // The register-decode kernel at tile width tn (8, 16 or 32 tokens; 0: by the busiest expert's rows).
 template <int T, bool ALIGNED, typename C>
 int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_bytes, const void * x,
-                  const int32_t * src, const int32_t * bounds, const int32_t * experts, void * y, int n_out, int k_in,
+                  const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in,
                   int n_active, int max_rows, cudaStream_t stream) {
     if (tn == 0) {
         tn = max_rows <= 8 ? 8 : max_rows <= 16 ? 16 : 32;
     }
-#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, y, n_out, \
+#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
                                                        k_in, n_active, max_rows, stream)
     switch (tn) {
         case 8: return GLMCHECK_DQMMA(1);
@@ -677,7 +677,7 @@ int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_
 
 template <int T, int TN, typename C>
 int launch(const void * w, long long expert_bytes, long long row_bytes, const void * x, const int32_t * src,
-           const int32_t * bounds, const int32_t * experts, void * y, int n_out, int k_in, int n_active,
+           const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in, int n_active,
            int max_rows, cudaStream_t stream) {
     const size_t shared = 2 * BM * slot_bytes(T) + 2 * TN * LDK * sizeof(C) + BM * LDH * sizeof(C);
     static_assert(BM * LDH * sizeof(C) >= TN * LDC * sizeof(float), "output staging overruns ws");
@@ -690,30 +690,30 @@ int launch(const void * w, long long expert_bytes, long long row_bytes, const vo
     }
     const dim3 grid(n_out / BM, (max_rows + TN - 1) / TN, n_active);
     glmcheck_dqmm<T, TN, C><<<grid, THREADS, shared, stream>>>(
-        (const uint8_t *) w, expert_bytes, row_bytes, (const C *) x, src, bounds, experts, (C *) y, n_out, k_in);
+        (const uint8_t *) w, expert_bytes, row_bytes, (const C *) x, src, bounds, experts, zlist, (C *) y, n_out, k_in);
     return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
 
 template <int T, typename C>
 int launch_tn(const void * w, long long expert_bytes, long long row_bytes, const void * x, const int32_t * src,
-              const int32_t * bounds, const int32_t * experts, void * y, int n_out, int k_in, int n_active,
+              const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in, int n_active,
               int max_rows, cudaStream_t stream) {
     // Wider tiles decode an expert's weights fewer times but hold more shared memory (3 blocks an
     // SM instead of 4) and waste MMAs on padding: only when experts hold many rows. (At 256 tokens
     // of GLM-5, ~9 rows an expert and the busiest ~30: 16 wide.)
     return max_rows < 64
-        ? launch<T, 16, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, y, n_out, k_in, n_active, max_rows, stream)
-        : launch<T, 32, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, y, n_out, k_in, n_active, max_rows, stream);
+        ? launch<T, 16, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, k_in, n_active, max_rows, stream)
+        : launch<T, 32, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, k_in, n_active, max_rows, stream);
 }
 
 template <typename C>
 int launch_type(int ggml_type, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes,
-                const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, void * y,
+                const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y,
                 int n_out, int k_in, int n_active, int max_rows, cudaStream_t stream) {
     // Rows on 16-byte boundaries (Q4_K's and Q5_K's blocks are 144 and 176 bytes): plain word loads.
     const bool aligned = (uintptr_t) w % 16 == 0 && expert_bytes % 16 == 0 && row_bytes % 16 == 0;
     if (kernel == 0) {
-#define GLMCHECK_MMA(Q, A) launch_mma_tn<Q, A, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, y, n_out, \
+#define GLMCHECK_MMA(Q, A) launch_mma_tn<Q, A, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
                                                  k_in, n_active, max_rows, stream)
         switch (ggml_type) {
             case Q4_K: return aligned ? GLMCHECK_MMA(Q4_K, true) : GLMCHECK_MMA(Q4_K, false);
@@ -724,7 +724,7 @@ int launch_type(int ggml_type, int kernel, int tn, const void * w, long long exp
         }
 #undef GLMCHECK_MMA
     }
-#define GLMCHECK_DQMM(Q) case Q: return launch_tn<Q, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, y, \
+#define GLMCHECK_DQMM(Q) case Q: return launch_tn<Q, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
         n_out, k_in, n_active, max_rows, stream);
     switch (ggml_type) {
         GLMCHECK_DQMM(Q4_0)
@@ -747,12 +747,14 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 // shape the tiling does not cover (n_out % 64, k_in % 256, an empty or too large grid, a tile width
 // not 0, 8, 16 or 32); 3: CUDA refused the launch. x: [*, k_in] contiguous rows of the compute dtype
 // (16-byte aligned rows); src: the x row of each grouped row (null: grouped row j is x's row j);
+// zlist: the active experts (indices into bounds/experts) this launch covers, n_active of them
+// (null: all, in order: one launch per tile width, the busy experts in a wider one);
 // y: [rows, n_out]. kernel 0: the register-decode kernel where it covers the type (Q4_K, Q5_K,
 // Q6_K, Q8_0; tn its tile width, 0 by the busiest expert), else and for kernel 1 the
 // shared-memory kernel glmcheck_dqmm.
 extern "C" int glmcheck_dequant_matmul(
         int ggml_type, int dtype, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes,
-        const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, void * y,
+        const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y,
         int n_out, int k_in, int n_active, int max_rows, void * stream) {
     if (n_out % BM != 0 || k_in % KS != 0 || n_active <= 0 || n_active > 65535 || max_rows <= 0
         || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || (kernel != 0 && kernel != 1)) {
@@ -760,10 +762,10 @@ extern "C" int glmcheck_dequant_matmul(
     }
     const cudaStream_t s = (cudaStream_t) stream;
     switch (dtype) {
-        case 1: return launch_type<half>(ggml_type, kernel, tn, w, expert_bytes, row_bytes, x, src, bounds, experts, y,
+        case 1: return launch_type<half>(ggml_type, kernel, tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
                                          n_out, k_in, n_active, max_rows, s);
         case 2: return launch_type<__nv_bfloat16>(ggml_type, kernel, tn, w, expert_bytes, row_bytes, x, src, bounds,
-                                                  experts, y, n_out, k_in, n_active, max_rows, s);
+                                                  experts, zlist, y, n_out, k_in, n_active, max_rows, s);
         default: return 1;
     }
 }

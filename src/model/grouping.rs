@@ -15,10 +15,11 @@ const TILE_WIDTHS: [usize; 5] = [8, 16, 32, 64, 128];
 const BREAK_EVEN: usize = 32;
 
 /// The router's `[T, k]` choices grouped by expert, as the kernel reads them: one U32 table on the
-/// device, `[tokens (rows) | slots (rows) | bounds (n_active + 1) | experts (n_active)]`.
-/// Row j (expert-major, tokens ascending within an expert) is token `tokens[j]`'s slot
-/// `slots[j] = token·k + slot`; the j-th active expert `experts[z]` owns rows
-/// `bounds[z]..bounds[z+1]`.
+/// device, `[tokens (rows) | slots (rows) | bounds (n_active + 1) | experts (n_active) | by_size
+/// (n_active)]`. Row j (expert-major, tokens ascending within an expert) is token `tokens[j]`'s
+/// slot `slots[j] = token·k + slot`; the j-th active expert `experts[z]` owns rows
+/// `bounds[z]..bounds[z+1]`; `by_size` lists the active indices z by row count, fewest first (ties
+/// in index order), so that the experts of one tile width are a run of it ([`Grouping::tile_runs`]).
 pub struct Grouping {
     pub(crate) table: Tensor,
     pub(crate) rows: usize,
@@ -45,10 +46,13 @@ impl Grouping {
             by_expert.push(flat);
         }
         let rows = indices.dim(0)? * k;
+        let mut by_size: Vec<u32> = (0..by_expert.len() as u32).collect();
+        by_size.sort_by_key(|&z| by_expert[z as usize].len());
         let mut table = tokens;
         table.extend(slots);
         table.extend(bounds);
         table.extend(experts);
+        table.extend(by_size);
         let n = table.len();
         Ok(Grouping {
             table: Tensor::from_vec(table, n, indices.device())?,
@@ -102,6 +106,42 @@ impl Grouping {
     pub(crate) fn tile_width(&self) -> usize {
         tile_width_for(self.by_expert.iter().map(Vec::len))
     }
+
+    /// dequant mode's register kernel in one or two launches, each a run of the `by_size` order:
+    /// with the cost-model tile `w` (at most `cap`), the experts that hold more than `w` rows would
+    /// decode each of their weights once per tile of `w`; when a wider tile (at most `cap`) suits
+    /// them, they get a launch of their own at it, and the rest keep a narrow tile (and the
+    /// resident blocks per SM a narrow tile's shared memory allows). A run's tile only decides
+    /// which of an expert's tokens share a block: every output is summed the same way.
+    pub(crate) fn tile_runs(&self, cap: usize) -> Vec<TileRun> {
+        let mut sizes: Vec<usize> = self.by_expert.iter().map(Vec::len).collect();
+        sizes.sort_unstable();
+        let run = |range: std::ops::Range<usize>, tile: usize| TileRun {
+            max_rows: range.clone().last().map_or(0, |i| sizes[i]),
+            range,
+            tile,
+        };
+        let all = self.tile_width().min(cap);
+        let light = sizes.partition_point(|&r| r <= all);
+        let heavy_tile = tile_width_for(sizes[light..].iter().copied()).min(cap);
+        if light == 0 || light == sizes.len() || heavy_tile <= all {
+            return vec![run(0..sizes.len(), all)];
+        }
+        let light_tile = tile_width_for(sizes[..light].iter().copied()).min(all);
+        vec![
+            run(0..light, light_tile),
+            run(light..sizes.len(), heavy_tile),
+        ]
+    }
+}
+
+/// One launch of [`Grouping::tile_runs`]: the active experts `by_size[range]`, at `tile` tokens
+/// per block, the busiest of them holding `max_rows`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TileRun {
+    pub range: std::ops::Range<usize>,
+    pub tile: usize,
+    pub max_rows: usize,
 }
 
 /// The tile width for experts with these row counts: the one minimising
@@ -214,11 +254,13 @@ mod tests {
         let table = g.table.to_vec1::<u32>()?;
         let (tokens, rest) = table.split_at(4);
         let (slots, rest) = rest.split_at(4);
-        let (bounds, experts) = rest.split_at(4);
+        let (bounds, rest) = rest.split_at(4);
+        let (experts, by_size) = rest.split_at(3);
         assert_eq!(tokens, [0, 1, 1, 0]);
         assert_eq!(slots, [1, 2, 3, 0]); // token·k + slot
         assert_eq!(bounds, [0, 2, 3, 4]);
         assert_eq!(experts, [1, 2, 3]);
+        assert_eq!(by_size, [1, 2, 0]); // experts 2 and 3 (one row each), then expert 1 (two)
         Ok(())
     }
 
@@ -266,6 +308,44 @@ mod tests {
     fn an_expert_id_past_the_stack_is_an_error() {
         let err = grouping(&[[0, 9]], 4).err().map(|e| e.to_string());
         assert!(err.is_some_and(|e| e.contains("expert 9 of 4")));
+    }
+
+    /// The rows of `sizes[i]` tokens for expert i (k = 1; token order = expert order).
+    fn sized(sizes: &[usize]) -> Result<Grouping> {
+        let ids: Vec<u32> = sizes
+            .iter()
+            .enumerate()
+            .flat_map(|(e, &n)| std::iter::repeat_n(e as u32, n))
+            .collect();
+        let t = ids.len();
+        Grouping::new(&Tensor::from_vec(ids, (t, 1), &Device::Cpu)?, sizes.len())
+    }
+
+    #[test]
+    fn busy_experts_get_a_wider_tile_of_their_own() -> Result<()> {
+        let run = |range: std::ops::Range<usize>, tile, max_rows| TileRun {
+            range,
+            tile,
+            max_rows,
+        };
+        // ~9 rows an expert and a few busy ones (256 tokens of GLM-5): 16 for the many, 32 for
+        // the busy (each of their weights decoded once or twice instead of two to four times).
+        let g = sized(&[9, 40, 12, 8, 20, 10, 11, 9, 64, 7])?;
+        assert_eq!(g.tile_width(), 16);
+        assert_eq!(g.tile_runs(32), [run(0..7, 16, 12), run(7..10, 32, 64)]);
+        // by_size: the light experts first, fewest rows first; the runs cover every expert once.
+        let table = g.table.to_vec1::<u32>()?;
+        let by_size = &table[table.len() - g.active()..];
+        assert_eq!(by_size, [9, 3, 0, 7, 5, 6, 2, 4, 1, 8]);
+        // Every expert within the tile, or one tile for all: a single launch.
+        let even = sized(&[9, 12, 16, 10])?;
+        assert_eq!(even.tile_runs(32), [run(0..4, 16, 16)]);
+        assert_eq!(g.tile_runs(16), [run(0..10, 16, 64)]);
+        // Few rows (16 tokens): 8 wide, and a busier expert 16 wide.
+        let few = sized(&[1, 2, 1, 3, 12, 1])?;
+        assert_eq!(few.tile_width(), 8);
+        assert_eq!(few.tile_runs(32), [run(0..5, 8, 3), run(5..6, 16, 12)]);
+        Ok(())
     }
 
     #[test]

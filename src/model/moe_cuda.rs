@@ -40,6 +40,7 @@ extern "C" {
         src: *const i32,
         bounds: *const i32,
         experts: *const i32,
+        zlist: *const i32,
         y: *mut std::ffi::c_void,
         n_out: i32,
         k_in: i32,
@@ -69,22 +70,29 @@ pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
 /// Which of `cuda/dequant_gemm.cu`'s two tiled kernels multiplies: the register-decode kernel
 /// (`glmcheck_dqmma`: each lane decodes its MMA fragments from the raw blocks; Q4_K, Q5_K, Q6_K and
 /// Q8_0, the others fall back to the shared-memory kernel) at a tile width of 8, 16 or 32 tokens
-/// (`None`: the grouping's cost-model tile, at most 32), or the shared-memory kernel (`glmcheck_dqmm`: a sub-block per
-/// lane decoded into a shared tile, then WMMA). Both give decode32's values rounded to the
-/// compute dtype, summed in f32.
+/// (`None`: the grouping's cost-model tile, at most 32), the register kernel in the grouping's
+/// tile runs (`Runs`: the busy experts in a wider launch of their own, [`Grouping::tile_runs`];
+/// device-tested, not yet timed: opt-in), or the shared-memory kernel (`glmcheck_dqmm`: a
+/// sub-block per lane decoded into a shared tile, then WMMA). All give decode32's values rounded
+/// to the compute dtype, summed in f32 (each output the same way: a tile decides only which
+/// tokens share a block).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TiledKernel {
     Registers(Option<u8>),
+    Runs,
     Shared,
 }
 
 impl TiledKernel {
-    /// The default, or `GLMCHECK_DEQUANT_EXPERTS=smem` (the shared-memory kernel) and
+    /// The default, or `GLMCHECK_DEQUANT_EXPERTS=smem` (the shared-memory kernel),
+    /// `GLMCHECK_DEQUANT_EXPERTS=runs` (the register kernel in tile runs) and
     /// `GLMCHECK_DEQUANT_TILE=8|16|32` (the register kernel's tile width), kept to measure one
     /// against the other.
     pub fn from_env() -> TiledKernel {
-        if std::env::var_os("GLMCHECK_DEQUANT_EXPERTS").is_some_and(|v| v == "smem") {
-            return TiledKernel::Shared;
+        match std::env::var_os("GLMCHECK_DEQUANT_EXPERTS") {
+            Some(v) if v == "smem" => return TiledKernel::Shared,
+            Some(v) if v == "runs" => return TiledKernel::Runs,
+            _ => {}
         }
         let tile = std::env::var("GLMCHECK_DEQUANT_TILE")
             .ok()
@@ -97,6 +105,7 @@ impl TiledKernel {
     fn codes(self) -> (i32, i32) {
         match self {
             TiledKernel::Registers(tile) => (0, tile.map_or(0, i32::from)),
+            TiledKernel::Runs => (0, 0),
             TiledKernel::Shared => (1, 0),
         }
     }
@@ -185,12 +194,13 @@ pub(super) fn stack(w: &QTensor, what: &str) -> Result<([usize; 3], (i32, usize)
 }
 
 /// The segments of a [`Grouping`]'s table on the device (`t_ptr`: its first u32): tokens
-/// `[rows]`, slots `[rows]`, bounds `[active + 1]`, experts `[active]`.
+/// `[rows]`, slots `[rows]`, bounds `[active + 1]`, experts `[active]`, by_size `[active]`.
 pub(super) struct Segments {
     pub(super) tokens: *const i32,
     pub(super) slots: *const i32,
     pub(super) bounds: *const i32,
     pub(super) experts: *const i32,
+    pub(super) by_size: *const i32,
 }
 
 impl Grouping {
@@ -202,6 +212,7 @@ impl Grouping {
             slots: at(rows),
             bounds: at(2 * rows),
             experts: at(2 * rows + active + 1),
+            by_size: at(2 * rows + 2 * active + 1),
         }
     }
 }
@@ -260,42 +271,78 @@ impl CustomOp2 for DequantMatmul<'_> {
         if rows == 0 || active == 0 {
             candle_core::bail!("{WHAT}: no routed rows")
         }
-        let dims = [out, inp, active, g.max_rows()].map(i32::try_from);
-        let [Ok(n_out), Ok(k_in), Ok(n_active), Ok(max_rows)] = dims else {
+        let [Ok(n_out), Ok(k_in)] = [out, inp].map(i32::try_from) else {
             return Err(too_big("a dimension"));
         };
         let (kernel, tn) = self.kernel.codes();
-        // By default the grouping's cost-model tile (as q8's int8 experts), at most 32 tokens:
-        // 16 at 256 tokens of GLM-5 (~9 rows an expert), 8 at 16 tokens.
-        let tn = if kernel == 0 && tn == 0 {
-            g.tile_width().min(32) as i32
-        } else {
-            tn
+        // The launches: (the active experts' indices, null for all in order; how many; tile width;
+        // the busiest one's rows). By default one launch at the grouping's cost-model tile (as
+        // q8's int8 experts, at most 32 tokens: 16 at 256 tokens of GLM-5, ~9 rows an expert; 8 at
+        // 16 tokens); `Runs`: the grouping's tile runs (the busy experts in a 32-wide launch of
+        // their own); a fixed tile or the shared-memory kernel: one launch of every expert.
+        let runs: Vec<(*const i32, usize, usize, usize)> = match self.kernel {
+            TiledKernel::Runs => g
+                .tile_runs(32)
+                .into_iter()
+                .map(|r| {
+                    let list = seg.by_size.wrapping_add(r.range.start);
+                    (list, r.range.len(), r.tile, r.max_rows)
+                })
+                .collect(),
+            TiledKernel::Registers(None) => {
+                vec![(
+                    std::ptr::null(),
+                    active,
+                    g.tile_width().min(32),
+                    g.max_rows(),
+                )]
+            }
+            _ => vec![(std::ptr::null(), active, tn as usize, g.max_rows())],
         };
+        let mut launches = Vec::with_capacity(runs.len());
+        for (list, n, tile, busiest) in runs {
+            let (Ok(n), Ok(tile), Ok(busiest)) = (
+                i32::try_from(n),
+                i32::try_from(tile),
+                i32::try_from(busiest),
+            ) else {
+                return Err(too_big("a dimension"));
+            };
+            launches.push((list, n, tile, busiest));
+        }
         // The kernel copies 16-byte pieces of each activation row.
-        let launch = |code: i32, x: u64, y: *mut std::ffi::c_void| unsafe {
+        let launch = |code: i32, x: u64, y: *mut std::ffi::c_void| {
             if !x.is_multiple_of(16) {
                 return -1;
             }
-            glmcheck_dequant_matmul(
-                ggml_type,
-                code,
-                kernel,
-                tn,
-                w_ptr,
-                (out * row_bytes) as i64,
-                row_bytes as i64,
-                x as *const std::ffi::c_void,
-                src,
-                bounds,
-                experts,
-                y,
-                n_out,
-                k_in,
-                n_active,
-                max_rows,
-                stream_ptr,
-            )
+            for &(zlist, n_active, tn, max_rows) in &launches {
+                let rc = unsafe {
+                    glmcheck_dequant_matmul(
+                        ggml_type,
+                        code,
+                        kernel,
+                        tn,
+                        w_ptr,
+                        (out * row_bytes) as i64,
+                        row_bytes as i64,
+                        x as *const std::ffi::c_void,
+                        src,
+                        bounds,
+                        experts,
+                        zlist,
+                        y,
+                        n_out,
+                        k_in,
+                        n_active,
+                        max_rows,
+                        stream_ptr,
+                    )
+                };
+                if rc != 0 {
+                    return rc;
+                }
+            }
+            0
         };
         let (rc, storage) = match xs.dtype() {
             DType::BF16 => {

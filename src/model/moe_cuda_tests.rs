@@ -29,9 +29,10 @@ const TILED_TYPES: [GgmlDType; 6] = [
     GgmlDType::Q6K,
 ];
 
-/// Both tiled kernels, the register kernel at each tile width and by the busiest expert.
-const TILED_KERNELS: [TiledKernel; 5] = [
+/// Both tiled kernels, the register kernel at each tile width, by the cost model and in tile runs.
+const TILED_KERNELS: [TiledKernel; 6] = [
     TiledKernel::Registers(None),
+    TiledKernel::Runs,
     TiledKernel::Registers(Some(8)),
     TiledKernel::Registers(Some(16)),
     TiledKernel::Registers(Some(32)),
@@ -114,9 +115,9 @@ fn the_tiled_dequant_kernel_equals_candles_decode_then_matmul() -> Result<()> {
 }
 
 /// The register-decode kernel decodes every weight to candle's value, bit for bit, on both of its
-/// decodes: tokens that are the unit vectors e_k make each output row one column of the decoded
-/// weights (1·w plus zeros, exact in f32), so the output must equal candle's decode rounded to the
-/// compute dtype in every bit. Expert 0's weights are spread evenly (every Q4_K/Q5_K addend exact:
+/// decodes and in one or two launches: tokens that are the unit vectors e_k make each output row
+/// one column of the decoded weights (1·w plus zeros, exact in f32), so the output must equal
+/// candle's decode rounded to the compute dtype in every bit. Expert 0's weights are spread evenly (every Q4_K/Q5_K addend exact:
 /// the one-FMA decode), expert 1's sub-blocks hold values in [-1e-3·u, 1) (tiny mins far below
 /// their scales: inexact addends, so those blocks take the two-operation decode); both asserted on
 /// the quantized blocks before the kernels run. The shared-memory kernel is held to the same bits.
@@ -128,51 +129,58 @@ fn the_tiled_kernels_decode_every_weight_to_candles_bits() -> Result<()> {
     };
     let (out, inp) = (64usize, 512usize);
     let w = fma_decode_tests::two_experts(out, inp)?;
-    // Token i: e_(i % inp), routed to expert i / inp (k = 1): each expert's grouped rows are
-    // the unit vectors in order.
-    let ids: Vec<u32> = (0..2 * inp).map(|i| (i / inp) as u32).collect();
-    let g = Grouping::new(&Tensor::from_vec(ids, (2 * inp, 1), &dev)?, 2)?;
-    let eye = Tensor::eye(inp, DType::F32, &Device::Cpu)?;
-    let x = Tensor::cat(&[&eye, &eye], 0)?;
+    // Two routings of unit-vector tokens (k = 1; token order = grouped order): every column of
+    // both experts (one launch, 32 wide), and 8 columns of expert 0 with 40 of expert 1 (16 wide
+    // by the cost model; `TiledKernel::Runs` launches expert 0 8 wide and the busy expert 1 32
+    // wide: `Grouping::tile_runs`).
+    let every: Vec<(usize, usize)> = (0..2 * inp).map(|i| (i / inp, i % inp)).collect();
+    let uneven: Vec<(usize, usize)> = (0..8)
+        .map(|k| (0, 3 * k))
+        .chain((100..140).map(|k| (1, k)))
+        .collect();
     for qt in TILED_TYPES {
         let cpu = QTensor::quantize(&w, qt)?;
         fma_decode_tests::assert_both_decodes(&cpu)?;
         let q = QTensor::quantize_onto(&w, qt, &dev)?;
         for dtype in [DType::BF16, DType::F16] {
-            // [2, out, inp] → the rows the kernel must return: expert e's column k at row e·inp + k.
-            let want = q
+            // [2, out, inp] → [2, inp, out]: expert e's decoded column k at [e][k].
+            let deq = q
                 .dequantize(&dev)?
                 .to_dtype(dtype)?
                 .transpose(1, 2)?
-                .reshape((2 * inp, out))?
                 .to_dtype(DType::F32)?
                 .to_device(&Device::Cpu)?
-                .flatten_all()?
-                .to_vec1::<f32>()?;
-            let xd = x.to_dtype(dtype)?.to_device(&dev)?;
-            for kernel in TILED_KERNELS {
-                let got = g
-                    .dequant_matmul_with(&q, &xd, true, kernel)?
-                    .to_dtype(DType::F32)?
-                    .to_device(&Device::Cpu)?
-                    .flatten_all()?
-                    .to_vec1::<f32>()?;
-                let bad = got
-                    .iter()
-                    .zip(&want)
-                    .position(|(a, b)| a.to_bits() != b.to_bits() && !(*a == 0.0 && *b == 0.0));
-                let case = format!("{qt:?} {dtype:?} {kernel:?}");
-                assert!(
-                    bad.is_none(),
-                    "{case}: value {} (expert {}, row {}, k {}) is {} where candle decodes {}",
-                    bad.unwrap_or(0),
-                    bad.unwrap_or(0) / (inp * out),
-                    bad.unwrap_or(0) % out,
-                    bad.unwrap_or(0) / out % inp,
-                    got[bad.unwrap_or(0)],
-                    want[bad.unwrap_or(0)]
-                );
-                eprintln!("{case}: all {} weights bit for bit", got.len());
+                .to_vec3::<f32>()?;
+            for (name, routing) in [("every column", &every), ("uneven", &uneven)] {
+                let ids: Vec<u32> = routing.iter().map(|&(e, _)| e as u32).collect();
+                let t = ids.len();
+                let g = Grouping::new(&Tensor::from_vec(ids, (t, 1), &dev)?, 2)?;
+                let mut x = vec![0f32; t * inp];
+                for (i, &(_, k)) in routing.iter().enumerate() {
+                    x[i * inp + k] = 1.0;
+                }
+                let xd = Tensor::from_vec(x, (t, inp), &dev)?.to_dtype(dtype)?;
+                for kernel in TILED_KERNELS {
+                    let got = g
+                        .dequant_matmul_with(&q, &xd, true, kernel)?
+                        .to_dtype(DType::F32)?
+                        .to_device(&Device::Cpu)?
+                        .to_vec2::<f32>()?;
+                    let case = format!("{qt:?} {dtype:?} {name} {kernel:?}");
+                    for (row, &(e, k)) in got.iter().zip(routing.iter()) {
+                        let want = &deq[e][k];
+                        let bad = row.iter().zip(want).position(|(a, b)| {
+                            a.to_bits() != b.to_bits() && !(*a == 0.0 && *b == 0.0)
+                        });
+                        if let Some(r) = bad {
+                            panic!(
+                                "{case}: expert {e} row {r} k {k} is {} where candle decodes {}",
+                                row[r], want[r]
+                            );
+                        }
+                    }
+                    eprintln!("{case}: all {} weights bit for bit", t * out);
+                }
             }
         }
     }

@@ -456,6 +456,7 @@ impl CustomOp2 for GroupedMatmul<'_> {
             slots,
             bounds,
             experts,
+            ..
         } = g.segments(t_ptr);
 
         // Q8_1 activations in the MMQ layout, rows in expert order (+ one tile of slack).
