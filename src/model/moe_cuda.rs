@@ -217,6 +217,47 @@ impl Grouping {
     }
 }
 
+impl DequantMatmul<'_> {
+    /// The launches: (the active experts' indices, null for all in order; how many; tile width;
+    /// the busiest one's rows). By default one launch at the grouping's cost-model tile (as q8's
+    /// int8 experts, at most 32 tokens: 16 at 256 tokens of GLM-5, ~9 rows an expert; 8 at 16
+    /// tokens); `Runs`: the grouping's tile runs (the busy experts in a 32-wide launch of their
+    /// own; `by_size`: the table's by-size segment on the device); a fixed tile (`tn`) or the
+    /// shared-memory kernel: one launch of every expert.
+    fn launches(
+        &self,
+        g: &Grouping,
+        by_size: *const i32,
+        tn: i32,
+    ) -> Result<Vec<(*const i32, i32, i32, i32)>> {
+        let all = |tile: usize| vec![(std::ptr::null(), g.active(), tile, g.max_rows())];
+        let runs: Vec<(*const i32, usize, usize, usize)> = match self.kernel {
+            TiledKernel::Runs => g
+                .tile_runs(32)
+                .into_iter()
+                .map(|r| {
+                    let list = by_size.wrapping_add(r.range.start);
+                    (list, r.range.len(), r.tile, r.max_rows)
+                })
+                .collect(),
+            TiledKernel::Registers(None) => all(g.tile_width().min(32)),
+            _ => all(usize::try_from(tn).unwrap_or(0)),
+        };
+        runs.into_iter()
+            .map(|(list, n, tile, busiest)| {
+                match (
+                    i32::try_from(n),
+                    i32::try_from(tile),
+                    i32::try_from(busiest),
+                ) {
+                    (Ok(n), Ok(tile), Ok(busiest)) => Ok((list, n, tile, busiest)),
+                    _ => Err(too_big("a dimension")),
+                }
+            })
+            .collect()
+    }
+}
+
 impl CustomOp2 for DequantMatmul<'_> {
     fn name(&self) -> &'static str {
         "glmcheck-dequant-matmul"
@@ -275,41 +316,7 @@ impl CustomOp2 for DequantMatmul<'_> {
             return Err(too_big("a dimension"));
         };
         let (kernel, tn) = self.kernel.codes();
-        // The launches: (the active experts' indices, null for all in order; how many; tile width;
-        // the busiest one's rows). By default one launch at the grouping's cost-model tile (as
-        // q8's int8 experts, at most 32 tokens: 16 at 256 tokens of GLM-5, ~9 rows an expert; 8 at
-        // 16 tokens); `Runs`: the grouping's tile runs (the busy experts in a 32-wide launch of
-        // their own); a fixed tile or the shared-memory kernel: one launch of every expert.
-        let runs: Vec<(*const i32, usize, usize, usize)> = match self.kernel {
-            TiledKernel::Runs => g
-                .tile_runs(32)
-                .into_iter()
-                .map(|r| {
-                    let list = seg.by_size.wrapping_add(r.range.start);
-                    (list, r.range.len(), r.tile, r.max_rows)
-                })
-                .collect(),
-            TiledKernel::Registers(None) => {
-                vec![(
-                    std::ptr::null(),
-                    active,
-                    g.tile_width().min(32),
-                    g.max_rows(),
-                )]
-            }
-            _ => vec![(std::ptr::null(), active, tn as usize, g.max_rows())],
-        };
-        let mut launches = Vec::with_capacity(runs.len());
-        for (list, n, tile, busiest) in runs {
-            let (Ok(n), Ok(tile), Ok(busiest)) = (
-                i32::try_from(n),
-                i32::try_from(tile),
-                i32::try_from(busiest),
-            ) else {
-                return Err(too_big("a dimension"));
-            };
-            launches.push((list, n, tile, busiest));
-        }
+        let launches = self.launches(g, seg.by_size, tn)?;
         // The kernel copies 16-byte pieces of each activation row.
         let launch = |code: i32, x: u64, y: *mut std::ffi::c_void| {
             if !x.is_multiple_of(16) {
