@@ -12,10 +12,13 @@
 #  3. ncu census (every kernel's time, grid, registers) of one 256-token forward of NEW and of OLD,
 #     and of NEW with CENSUS_ENV set (census-env-256; e.g. GLMCHECK_Q8_DENSE=wide), with what time
 #     is left.
+#  4. with NCU_KERNEL set (a kernel-name regex): ncu --set full --print-details all on NEW's first
+#     NCU_LAUNCHES (3) launches of it at 256 tokens (ncu-new-256.json: throughput, occupancy, stall
+#     reasons), e.g. NCU_KERNEL=glmcheck_dqmma.
 # NEW_ENV (e.g. GLMCHECK_Q8_DENSE=wide) is set for every NEW run, OLD_ENV (e.g.
 # GLMCHECK_DEQUANT_EXPERTS=smem) for every OLD run (through wrappers).
 # Usage: tools/device_wide_check.sh OLD_GLMCHECK NEW_GLMCHECK NEW_TESTBIN OUTDIR
-# Env: TEST_FILTERS (set it: the whole test binary does not fit the 75 s), ROUNDS (2), DEADLINE (s from start, 570), MODE, NEW_ENV, OLD_ENV, CENSUS_ENV, PAIR (1; 0 skips
+# Env: TEST_FILTERS (set it: the whole test binary does not fit the 75 s), ROUNDS (2), DEADLINE (s from start, 570), MODE, NEW_ENV, OLD_ENV, CENSUS_ENV, NCU_KERNEL, NCU_LAUNCHES, PAIR (1; 0 skips
 # step 1 but the synth: ~3 min less), GLMCHECK_COMMIT,
 # GPU_BENCH_* as device_gpu_bench.sh takes them (peers under target-cuda/bin). OUT set: packs OUTDIR
 # into $OUT/x.tar.xz (keep OUTDIR outside $OUT). Figures: tools/device_gpu_summary.py OUTDIR/q (the
@@ -70,6 +73,12 @@ if [ -f "$model" ]; then
   if [ -n "${CENSUS_ENV:-}" ]; then
     # shellcheck disable=SC2086
     step census-env-256 60 env $CENSUS_ENV "$ncu" "${census[@]}" "$new" "${fwd[@]}" --bench 1
+  fi
+  # 4. NCU_KERNEL (a regex of kernel names, e.g. glmcheck_dqmma): Nsight Compute's full sections,
+  # stall reasons included, on NEW's first NCU_LAUNCHES (3) launches of it in a 256-token forward
+  if [ -n "${NCU_KERNEL:-}" ]; then
+    step ncu-new-256 120 "$ncu" --kernel-name "regex:$NCU_KERNEL" --launch-count "${NCU_LAUNCHES:-3}" --set full \
+      --print-details all --clock-control none "$new" "${fwd[@]}"
   fi
 fi
 # a failed or skipped step makes the call's exit status say so (the results are packed either way)
