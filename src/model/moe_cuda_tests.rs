@@ -74,11 +74,12 @@ fn the_tiled_dequant_kernel_equals_candles_decode_then_matmul() -> Result<()> {
                 // 6, 20 or 70 rows per expert.
                 let g = round_robin(t, e, &dev)?;
                 let table = g.table.to_vec1::<u32>()?;
-                // The table: tokens [rows], slots [rows], bounds [active + 1], experts [active].
+                // The table: tokens [rows], slots [rows], bounds [active + 1], experts [active],
+                // by_size [active].
                 let a = g.active();
                 let tokens = &table[..g.rows];
                 let bounds = &table[2 * g.rows..2 * g.rows + a + 1];
-                let experts = &table[2 * g.rows + a + 1..];
+                let experts = &table[2 * g.rows + a + 1..2 * g.rows + 2 * a + 1];
                 let expert_of = |j: usize| -> usize {
                     let z = bounds[..a]
                         .iter()
