@@ -404,8 +404,6 @@ template <int T, typename Blk> __device__ __forceinline__ bool dq_scales(Blk blk
 template <int T, int NT, int LIVE, bool ALIGNED, bool FMA1, typename C>
 __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const float * const (&rs)[2],
                                         const uint8_t * xb, int g, int t, float (&acc)[NT][4]) {
-    // The chunk of 16 values at k0 of the step: lane values v[h][i] (row g + 8h, physical k0 + 4t + i)
-    // into A, then one MMA per live group of 8 tokens.
     // The lane's rows as aligned words and one funnel shift each (a row's misalignment is the same
     // for every word of the step): wd(h, off) is the word at byte off (a multiple of 4) of row h.
     const uint32_t * wb[2];
@@ -423,6 +421,8 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
             return __funnelshift_r(wb[h][off / 4], wb[h][off / 4 + 1], sh[h]);
         }
     };
+    // The chunk of 16 values at k0 of the step: lane values v[h][i] (row g + 8h, physical k0 + 4t + i)
+    // into A, then one MMA per live group of 8 tokens.
     auto mma_chunk = [&](const float (&v)[2][4], int k0) {
         const uint32_t a[4] = {pack2<C>(v[0][0], v[0][1]), pack2<C>(v[1][0], v[1][1]), pack2<C>(v[0][2], v[0][3]),
                                pack2<C>(v[1][2], v[1][3])};
