@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# On the GPU machine, one call: several settings of ONE glmcheck binary (environment variants) on
+# the same forward of the 3-layer real-size synth, for a choice between routes that are all built
+# in (e.g. GLMCHECK_DEQUANT_EXPERTS=runs, GLMCHECK_DENSE_CHUNK_MB=16):
+#  0. TESTBIN's tests matching TEST_FILTERS (at most 90 s; skipped when TEST_FILTERS is unset);
+#  1. the synth (`synth --dims glm5 --layers 3 --qtype q4_k_m`) unless $GPU_BENCH_WORK/m.gguf exists;
+#  2. at 256 tokens, --matmul MODE (dequant unless MODE=q8): the FIRST variant's dump, and every
+#     other variant's forward against it (`--reference`: per-module rel-L2, max |diff|);
+#  3. ROUNDS (2) interleaved `--bench 5` rounds of every variant at 256 tokens (and at 16 with
+#     SEQS="16 256");
+#  4. an ncu census (every kernel's time, grid, registers) of every variant's 256-token forward;
+#  5. with NCU_KERNEL (a kernel-name regex): ncu --set full on variant NCU_VARIANT's (the last)
+#     first NCU_LAUNCHES (3) launches of it.
+# Steps stop being started DEADLINE (570) s after the start.
+# Usage: tools/device_variants.sh GLMCHECK TESTBIN OUTDIR 'NAME:ENV=V ENV=V' ['NAME:…' …]
+#   a variant is a name, a colon and the environment it runs with (empty: the defaults), e.g.
+#   tools/device_variants.sh bin/glmcheck bin/tests /tmp/v 'base:' 'runs:GLMCHECK_DEQUANT_EXPERTS=runs'
+# OUT set: OUTDIR packed into $OUT/x.tar.xz. Figures: tools/device_variants_summary.py OUTDIR.
+set -uo pipefail
+bin=$(readlink -f "$1"); tests=$(readlink -f "$2"); out=$3; shift 3
+[ $# -ge 1 ] || { echo "no variants" >&2; exit 2; }
+mkdir -p "$out"; out=$(readlink -f "$out")
+T0=$(date +%s); DEADLINE=${DEADLINE:-570}
+work=${GPU_BENCH_WORK:-/tmp/gpub}; mkdir -p "$work"; model=$work/m.gguf
+. "$(dirname "$0")/device_common.sh"
+left() { echo $((DEADLINE - ($(date +%s) - T0))); }
+step() {
+  local name=$1 max=$2; shift 2; local l; l=$(left); [ "$max" -gt "$l" ] && max=$l
+  if [ "$max" -lt 5 ]; then echo "$name skipped (deadline)" >> "$out/rc.txt"; return 99; fi
+  local t0; t0=$(date +%s.%N)
+  timeout "$max" "$@" > "$out/$name.json" 2> "$out/$name.log"
+  local rc=$?; echo "$name rc=$rc $(awk "BEGIN{print $(date +%s.%N) - $t0}") s" >> "$out/rc.txt"
+}
+# one executable per variant (its environment set), names in order
+names=()
+for v in "$@"; do
+  name=${v%%:*}; env=${v#*:}
+  printf '#!/bin/sh\nexec env %s %s "$@"\n' "$env" "$bin" > "$out/glmcheck-$name"; chmod +x "$out/glmcheck-$name"
+  echo "$name: $env" >> "$out/variants.txt"; names+=("$name")
+done
+
+# 0. unit tests
+if [ -n "${TEST_FILTERS:-}" ]; then
+  # shellcheck disable=SC2086
+  step unit 90 "$tests" --test-threads 1 --nocapture $TEST_FILTERS
+fi
+# 1. the model
+[ -f "$model" ] || step synth 200 "$bin" synth --dims glm5 --layers 3 --qtype q4_k_m --out "$model" --force --json
+[ -f "$model" ] || { echo "no model" >&2; exit 1; }
+fwd() { echo forward "$model" --device cuda --dtype bf16 --matmul "${MODE:-dequant}" --max-new-tokens 0 --json --tokens "$(seq -s, 1000 $((999 + $1)))"; }
+# 2. every variant against the first one's dump
+first=${names[0]}
+# shellcheck disable=SC2046
+step "dump-256-$first" 60 "$out/glmcheck-$first" $(fwd 256) --dump "$work/first-256.safetensors"
+for n in "${names[@]:1}"; do
+  # shellcheck disable=SC2046
+  step "vs-$first-256-$n" 60 "$out/glmcheck-$n" $(fwd 256) --reference "$work/first-256.safetensors"
+done
+rm -f "$work/first-256.safetensors"
+# 3. interleaved timing rounds
+for s in ${SEQS:-256}; do
+  for r in $(seq 1 "${ROUNDS:-2}"); do
+    for n in "${names[@]}"; do
+      # shellcheck disable=SC2046
+      step "bench-$s-r$r-$n" 60 "$out/glmcheck-$n" $(fwd "$s") --bench 5
+    done
+  done
+done
+# 4. census
+ncu=$(command -v ncu || echo /usr/local/cuda-13.0/bin/ncu)
+census=(--metrics gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread --csv --print-units base
+  --clock-control none)
+for n in "${names[@]}"; do
+  # shellcheck disable=SC2046
+  step "census-256-$n" 75 "$ncu" "${census[@]}" "$out/glmcheck-$n" $(fwd 256) --bench 1
+done
+# 5. one kernel in full
+if [ -n "${NCU_KERNEL:-}" ]; then
+  v=${NCU_VARIANT:-${names[-1]}}
+  # shellcheck disable=SC2046
+  step "ncu-256-$v" 120 "$ncu" --kernel-name "regex:$NCU_KERNEL" --launch-count "${NCU_LAUNCHES:-3}" --set full \
+    --print-details all --clock-control none "$out/glmcheck-$v" $(fwd 256)
+fi
+if grep -v ' rc=0 ' "$out/rc.txt" | grep -q .; then
+  echo "steps that did not end rc=0:" >&2; grep -v ' rc=0 ' "$out/rc.txt" >&2; exit 1
+fi

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Figures of one tools/device_variants.sh result dir (environment variants of one binary).
+
+Usage: tools/device_variants_summary.py RESULT_DIR [--json] [--top N]
+Prints: the unit tests' result lines, every variant against the first one's 256-token dump
+(modules, largest |diff|, worst rel-L2, verdict), the interleaved --bench rounds (best of 5 each)
+per variant and length, and the ncu census of each variant's timed 256-token forward: kernels and
+µs in all and the N (25) kernels whose time moves most between the first variant and the others.
+"""
+import json
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from device_ab_summary import timed  # noqa: E402
+
+
+def variants(d):
+    out = []
+    for line in (d / "variants.txt").read_text().splitlines():
+        name, _, env = line.partition(": ")
+        out.append((name, env.strip()))
+    return out
+
+
+def main():
+    d = Path(sys.argv[1])
+    subs = [p for p in d.iterdir() if p.is_dir() and (p / "rc.txt").exists()] if d.is_dir() else []
+    if not (d / "rc.txt").exists() and len(subs) == 1:
+        d = subs[0]
+    top = int(sys.argv[sys.argv.index("--top") + 1]) if "--top" in sys.argv else 25
+    vs = variants(d)
+    first = vs[0][0]
+    res = {"gpu": (d / "gpu.txt").read_text().strip(), "commit": (d / "commit.txt").read_text().strip(),
+           "variants": dict(vs)}
+    res["rc"] = [l for l in (d / "rc.txt").read_text().split("\n") if l]
+    unit = "".join((d / f).read_text(errors="replace") for f in ("unit.log", "unit.json") if (d / f).exists())
+    res["unit"] = re.findall(r"test result: \w+\. \d+ passed; \d+ failed", unit)
+    res["unit_failed"] = re.findall(r"^test (\S+) \.\.\. FAILED", unit, re.M)
+    res["vs_first_256"] = {}
+    for name, _ in vs[1:]:
+        f = d / f"vs-{first}-256-{name}.json"
+        try:
+            fwd = json.loads(f.read_text())
+            mods = fwd["modules"]
+            res["vs_first_256"][name] = {
+                "modules": len(mods),
+                "max_abs": max(m.get("max_abs") or 0 for m in mods),
+                "worst_rel_l2": max(m.get("rel_l2") or 0 for m in mods),
+                "verdict": fwd.get("verdict"),
+            }
+        except (OSError, ValueError, KeyError) as e:
+            res["vs_first_256"][name] = {"error": f"{f.name}: {e}"}
+    res["bench_best_ms"] = {}
+    for f in sorted(d.glob("bench-*-r*-*.json")):
+        m = re.match(r"bench-(\d+)-r(\d+)-(.+)\.json", f.name)
+        if not m:
+            continue
+        try:
+            best = round(json.loads(f.read_text())["bench"]["best_ms"], 2)
+        except (ValueError, KeyError):
+            continue
+        res["bench_best_ms"].setdefault(f"{m.group(3)}@{m.group(1)}", []).append(best)
+    res["timed_forward"] = {name: timed(d / f"census-256-{name}.json") for name, _ in vs}
+    if "--json" in sys.argv:
+        print(json.dumps(res, indent=1))
+        return
+    print(f"GPU {res['gpu']}; commit {res['commit']}")
+    for name, env in vs:
+        print(f"variant {name}: {env or '(defaults)'}")
+    failed = [l for l in res["rc"] if " rc=0 " not in l + " "]
+    print("steps not ending rc=0:", "; ".join(failed) if failed else "none")
+    print("unit:", "; ".join(res["unit"]) or "no result line", "failed:", res["unit_failed"] or "none")
+    for n, m in res["vs_first_256"].items():
+        print(f"{n} vs {first} at 256 tokens: {m}")
+    for k, xs in res["bench_best_ms"].items():
+        print(f"best of 5, {k}: {' / '.join(map(str, xs))} (mean {sum(xs) / len(xs):.2f})")
+    tf = res["timed_forward"]
+    for name, c in tf.items():
+        print(f"timed forward {name}: {sum(v[0] for v in c.values())} kernels, "
+              f"{sum(v[1] for v in c.values()):.0f} µs")
+    keys = set().union(*tf.values()) if tf else set()
+    base = tf.get(first, {})
+
+    def moved(k):
+        return max(abs(c.get(k, [0, 0])[1] - base.get(k, [0, 0])[1]) for c in tf.values())
+
+    rows = sorted(keys, key=lambda k: (-moved(k), -base.get(k, [0, 0])[1]))
+    print("the timed 256-token forward per variant (launches µs), the kernels that move most:")
+    print(f"  {'':60s} " + " ".join(f"{n[:18]:>18s}" for n in tf))
+    for k in rows[:top]:
+        cells = " ".join(f"{c.get(k, [0, 0])[0]:5.0f} {c.get(k, [0, 0])[1]:12.1f}" for c in tf.values())
+        print(f"  {k[:60]:60s} {cells}")
+
+
+if __name__ == "__main__":
+    main()
