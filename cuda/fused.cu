@@ -17,6 +17,14 @@
 //    walk (~1 ms per MoE layer at 256 tokens of GLM-5); here one thread per output walks its
 //    token's k rows, in the same row order.
 //  * MLA's per-head keys `[k_nope | k_rot]` and values from kv_b's output: copies only.
+//  * transformers' RMSNorm, op by op as glmcheck's candle chain computes it (`ops::RmsNorm`): the
+//    input cast to f32, each square rounded (`usqr_f32`), summed in `fast_sum_f32`'s order (one
+//    block of next_pow2(min(1024, n)) threads per row, four-value groups, warp butterflies; see
+//    the kernel), times (float)(1/n) and plus
+//    (float)eps (`affine_f32`, each one rounding), `sqrtf` rounded, `1. / x` in double rounded to
+//    float (`urecip_f32`), each value times it (`bmul_f32`), rounded to the dtype, times the
+//    weight in the dtype (`bmul`: the f32 product of two bf16/f16 values is exact, so one
+//    rounding). Ten launches and five [rows, n] round trips through device memory become one.
 //
 // Built by build.rs with `--features cuda`; declared in src/model/fused_cuda.rs.
 
@@ -73,6 +81,80 @@ __global__ void glmcheck_masked_softmax_k(const T * __restrict__ scores, const f
     for (int col = lane; col < s; col += 32) {
         y[col] = down<T>(__fmul_rn(expf(__fsub_rn(masked(x, m, col, scale), max_val)), inv));
     }
+}
+
+// x, y: [rows, n] contiguous (n a multiple of 4), w: [n], all in T. One block of BD threads (fast_sum's
+// block width for n) per row; the sum of squares in `fast_sum_f32`'s order for contiguous rows
+// aligned to 16 bytes: thread i adds the four-value groups i, i + BD, ... (each group's sum
+// ((a + b) + c) + d added to its running sum), then a butterfly within each warp, the warps' sums
+// through shared memory and a butterfly over them in the first warp.
+template <typename T, int BD>
+__global__ void __launch_bounds__(BD) glmcheck_rms_norm_k(const T * __restrict__ x, const T * __restrict__ w,
+                                                          T * __restrict__ y, int n, float mul, float eps) {
+    __shared__ float shr[32];
+    __shared__ float total;
+    const int tid = threadIdx.x, lane = tid % 32;
+    const T * xr = x + (long long) blockIdx.x * n;
+    T * yr = y + (long long) blockIdx.x * n;
+    auto sq = [&](int i) {
+        const float v = up<T>(xr[i]);
+        return __fmul_rn(v, v);
+    };
+    float acc = 0.0f;
+    for (int g = tid; g < n / 4; g += BD) {
+        acc = __fadd_rn(acc, __fadd_rn(__fadd_rn(__fadd_rn(sq(4 * g), sq(4 * g + 1)), sq(4 * g + 2)), sq(4 * g + 3)));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffff, acc, off));
+    }
+    if (lane == 0) {
+        shr[tid / 32] = acc;
+    }
+    __syncthreads();
+    if (tid < 32) {
+        float s = tid < BD / 32 ? shr[tid] : 0.0f;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            s = __fadd_rn(s, __shfl_xor_sync(0xffffffff, s, off));
+        }
+        if (tid == 0) {
+            total = s;
+        }
+    }
+    __syncthreads();
+    const float var = __fadd_rn(__fmul_rn(total, mul), eps);
+    const float inv = __double2float_rn(__ddiv_rn(1.0, (double) __fsqrt_rn(var)));
+    for (int i = tid; i < n; i += BD) {
+        const float normed = up<T>(down<T>(__fmul_rn(up<T>(xr[i]), inv)));
+        yr[i] = down<T>(__fmul_rn(normed, up<T>(w[i])));
+    }
+}
+
+// fast_sum's block width for a row of n: next_pow2(min(1024, n)).
+template <typename T>
+int launch_rms_norm(const void * x, const void * w, void * y, long long rows, int n, float mul, float eps,
+                    cudaStream_t stream) {
+    if (rows > 0x7fffffffLL) {
+        return 2;
+    }
+    int bd = 1;
+    while (bd < n && bd < 1024) {
+        bd *= 2;
+    }
+    const T * xt = (const T *) x;
+    const T * wt = (const T *) w;
+    T * yt = (T *) y;
+    const unsigned g = (unsigned) rows;
+    switch (bd) {
+    case 64: glmcheck_rms_norm_k<T, 64><<<g, 64, 0, stream>>>(xt, wt, yt, n, mul, eps); break;
+    case 128: glmcheck_rms_norm_k<T, 128><<<g, 128, 0, stream>>>(xt, wt, yt, n, mul, eps); break;
+    case 256: glmcheck_rms_norm_k<T, 256><<<g, 256, 0, stream>>>(xt, wt, yt, n, mul, eps); break;
+    case 512: glmcheck_rms_norm_k<T, 512><<<g, 512, 0, stream>>>(xt, wt, yt, n, mul, eps); break;
+    case 1024: glmcheck_rms_norm_k<T, 1024><<<g, 1024, 0, stream>>>(xt, wt, yt, n, mul, eps); break;
+    default: return 2; // rows of 32 values or fewer: candle sums them another way
+    }
+    return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
 
 // y: [n, k, h] f32, w: [n, k] f32 → out [n, h] in T. One thread per output.
@@ -205,6 +287,22 @@ extern "C" int glmcheck_masked_softmax(int dtype, const void * scores, const flo
     case 0: return launch_softmax<float>(scores, mask, probs, rows, t, s, scale, st);
     case 1: return launch_softmax<half>(scores, mask, probs, rows, t, s, scale, st);
     case 2: return launch_softmax<__nv_bfloat16>(scores, mask, probs, rows, t, s, scale, st);
+    default: return 1;
+    }
+}
+
+// x, y [rows, n], w [n], all in the dtype: transformers' RMSNorm as candle's chain rounds it; mul is
+// (float)(1/n), eps (float)eps. Rows of 32 values or fewer, or not a multiple of 4, are refused (2).
+extern "C" int glmcheck_rms_norm(int dtype, const void * x, const void * w, void * y, long long rows, int n, float mul,
+                                 float eps, void * stream) {
+    if (rows <= 0 || n <= 32 || n % 4 != 0) {
+        return 2;
+    }
+    cudaStream_t st = (cudaStream_t) stream;
+    switch (dtype) {
+    case 0: return launch_rms_norm<float>(x, w, y, rows, n, mul, eps, st);
+    case 1: return launch_rms_norm<half>(x, w, y, rows, n, mul, eps, st);
+    case 2: return launch_rms_norm<__nv_bfloat16>(x, w, y, rows, n, mul, eps, st);
     default: return 1;
     }
 }

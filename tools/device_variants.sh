@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, one call: several settings of ONE glmcheck binary (environment variants) on
 # the same forward of the 3-layer real-size synth, for a choice between routes that are all built
-# in (e.g. GLMCHECK_DEQUANT_EXPERTS=runs, GLMCHECK_DENSE_CHUNK_MB=16):
+# in (e.g. GLMCHECK_DEQUANT_EXPERTS=one against the default tile runs, GLMCHECK_FUSED=off):
 #  0. TESTBIN's tests matching TEST_FILTERS (at most 90 s; skipped when TEST_FILTERS is unset);
 #  1. the synth (`synth --dims glm5 --layers 3 --qtype q4_k_m`) unless $GPU_BENCH_WORK/m.gguf exists;
 #  2. at 256 tokens, --matmul MODE (dequant unless MODE=q8): the FIRST variant's dump, and every
@@ -14,7 +14,7 @@
 # Steps stop being started DEADLINE (570) s after the start.
 # Usage: tools/device_variants.sh GLMCHECK TESTBIN OUTDIR 'NAME:ENV=V ENV=V' ['NAME:…' …]
 #   a variant is a name, a colon and the environment it runs with (empty: the defaults), e.g.
-#   tools/device_variants.sh bin/glmcheck bin/tests /tmp/v 'base:' 'runs:GLMCHECK_DEQUANT_EXPERTS=runs'
+#   tools/device_variants.sh bin/glmcheck bin/tests /tmp/v 'base:' 'one:GLMCHECK_DEQUANT_EXPERTS=one'
 # OUT set: OUTDIR packed into $OUT/x.tar.xz. Figures: tools/device_variants_summary.py OUTDIR.
 set -uo pipefail
 bin=$(readlink -f "$1"); tests=$(readlink -f "$2"); out=$3; shift 3

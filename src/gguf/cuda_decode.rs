@@ -67,54 +67,14 @@ pub fn decode(q: &QTensor, dtype: DType) -> Result<Option<Tensor>> {
     let dims = q.shape().dims().to_vec();
     // The op runs on a one-element tensor of the weight's device (candle ops need a storage).
     let anchor = Tensor::zeros(1, DType::U32, &q.device())?;
-    let op = Whole {
-        q,
-        dtype,
-        code,
-        rows: None,
-    };
+    let op = Whole { q, dtype, code };
     Ok(Some(anchor.apply_op1_no_bwd(&op)?.reshape(dims)?))
-}
-
-/// Rows `start..start + n` of a 2-D `q` `[rows, cols]` decoded into `dtype`, `[n, cols]`: the same
-/// kernel as [`decode`] on that part of the blocks (a row holds whole blocks when `cols` is a
-/// multiple of 256). `None` where [`decode`] would not apply; an error for rows out of range.
-pub fn decode_rows(q: &QTensor, dtype: DType, start: usize, n: usize) -> Result<Option<Tensor>> {
-    let &[rows, cols] = q.shape().dims() else {
-        return Ok(None);
-    };
-    if start.checked_add(n).is_none_or(|end| end > rows) {
-        candle_core::bail!("rows {start}..{start}+{n} of a {rows}-row {:?}", q.dtype())
-    }
-    let code = match dtype {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::BF16 => 2,
-        _ => return Ok(None),
-    };
-    if tiled_type(q.dtype()).is_none()
-        || n == 0
-        || !cols.is_multiple_of(256)
-        || !q.device().is_cuda()
-    {
-        return Ok(None);
-    }
-    let anchor = Tensor::zeros(1, DType::U32, &q.device())?;
-    let op = Whole {
-        q,
-        dtype,
-        code,
-        rows: Some((start, n)),
-    };
-    Ok(Some(anchor.apply_op1_no_bwd(&op)?.reshape((n, cols))?))
 }
 
 struct Whole<'a> {
     q: &'a QTensor,
     dtype: DType,
     code: i32,
-    /// `(start, n)`: only those rows of a 2-D tensor.
-    rows: Option<(usize, usize)>,
 }
 
 impl CustomOp1 for Whole<'_> {
@@ -128,19 +88,10 @@ impl CustomOp1 for Whole<'_> {
 
     fn cuda_fwd(&self, anchor: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
         let dev = anchor.device();
-        let all = self.q.shape().elem_count();
+        let elems = self.q.shape().elem_count();
         let ty = tiled_type(self.q.dtype()).unwrap_or(-1);
         let stream = dev.cuda_stream();
-        // A row range: the blocks from its first row on (`decode_rows` checked the range and that
-        // a row is whole blocks), `n` rows' values.
-        let (skip, elems) = match (self.rows, self.q.shape().dims()) {
-            (Some((start, n)), &[_, cols]) => {
-                let t = self.q.dtype();
-                (start * cols / t.block_size() * t.type_size(), n * cols)
-            }
-            _ => (0, all),
-        };
-        let x = (self.q.device_ptr()? as usize + skip) as *const std::ffi::c_void;
+        let x = self.q.device_ptr()? as *const std::ffi::c_void;
         let s = stream.cu_stream() as *mut std::ffi::c_void;
         let run = |y| unsafe { glmcheck_decode_whole(ty, self.code, x, y, elems as i64, s) };
         let (rc, storage) = match self.dtype {

@@ -120,7 +120,7 @@ impl Blocks {
     /// by the quantized kernels (q8).
     pub fn matmul(&self, x: &Tensor, dtype: DType, mode: MatmulMode) -> Result<Tensor> {
         let one = |q: &QTensor| match mode {
-            MatmulMode::Dequant => dequant_matmul(q, x, dtype),
+            MatmulMode::Dequant => x.matmul(&dequantize(q, dtype)?.t()?),
             MatmulMode::Q8 => q8_matmul(q, x),
         };
         match self {
@@ -242,84 +242,6 @@ pub fn dequantize(q: &QTensor, dtype: DType) -> Result<Tensor> {
         return q.dequantize_f16(&device);
     }
     q.dequantize(&device)?.to_dtype(dtype)
-}
-
-/// `x · Wᵀ` `[T, rows]` with `W` decoded into `dtype`. On CUDA a weight whose decoded form is
-/// larger than [`dense_chunk_bytes`] is decoded and multiplied in row chunks ([`dense_chunks`]):
-/// each chunk's decoded values are written and read back while they are still in the L2 cache,
-/// rather than written whole to device memory and read again by the GEMM. Each output column is
-/// the same dot product either way (a chunk is whole rows of `W`), summed by cuBLAS in the order
-/// it picks for that shape.
-fn dequant_matmul(q: &QTensor, x: &Tensor, dtype: DType) -> Result<Tensor> {
-    dequant_matmul_in(q, x, dtype, dense_chunk_bytes())
-}
-
-/// [`dequant_matmul`] with chunks of at most `chunk_bytes` (0: the whole weight at once).
-pub(crate) fn dequant_matmul_in(
-    q: &QTensor,
-    x: &Tensor,
-    dtype: DType,
-    chunk_bytes: usize,
-) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if let (true, &[rows, cols]) = (x.device().is_cuda(), q.shape().dims()) {
-        let chunks = dense_chunks(rows, cols, dtype.size_in_bytes(), chunk_bytes);
-        if let [(s0, n0), rest @ ..] = chunks.as_slice() {
-            if !rest.is_empty() {
-                use crate::gguf::cuda_decode::decode_rows;
-                if let Some(w) = decode_rows(q, dtype, *s0, *n0)? {
-                    let mut parts = Vec::with_capacity(chunks.len());
-                    parts.push(x.matmul(&w.t()?)?);
-                    drop(w);
-                    for &(s, n) in rest {
-                        let w = decode_rows(q, dtype, s, n)?.ok_or_else(|| {
-                            candle_core::Error::Msg(format!("rows {s}..+{n}: no decoder"))
-                        })?;
-                        parts.push(x.matmul(&w.t()?)?);
-                    }
-                    return Tensor::cat(&parts, candle_core::D::Minus1);
-                }
-            }
-        }
-    }
-    #[cfg(not(feature = "cuda"))]
-    let _ = chunk_bytes; // chunks are a CUDA matter
-    x.matmul(&dequantize(q, dtype)?.t()?)
-}
-
-/// At most how many bytes of a dense weight dequant mode decodes at once on CUDA
-/// (`GLMCHECK_DENSE_CHUNK_MB`, MiB; 0: the whole weight at once).
-pub fn dense_chunk_bytes() -> usize {
-    std::env::var("GLMCHECK_DENSE_CHUNK_MB")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map_or(DENSE_CHUNK_BYTES, |mb| mb << 20)
-}
-
-/// [`dense_chunk_bytes`]' default: 0, the whole weight at once.
-pub const DENSE_CHUNK_BYTES: usize = 0;
-
-/// The row chunks `(start, n)` a `[rows, cols]` weight of `elem`-byte values is decoded in so that
-/// no chunk holds more than `chunk_bytes` (but at least 128 rows): equal multiples of 128 rows,
-/// the last one shorter. One chunk, the whole, when it fits or `chunk_bytes` is 0.
-pub fn dense_chunks(
-    rows: usize,
-    cols: usize,
-    elem: usize,
-    chunk_bytes: usize,
-) -> Vec<(usize, usize)> {
-    const ALIGN: usize = 128;
-    let row_bytes = (cols * elem).max(1);
-    if chunk_bytes == 0 || rows.saturating_mul(row_bytes) <= chunk_bytes {
-        return vec![(0, rows)];
-    }
-    let most = (chunk_bytes / row_bytes / ALIGN * ALIGN).max(ALIGN);
-    let count = rows.div_ceil(most);
-    let per = rows.div_ceil(count).div_ceil(ALIGN) * ALIGN;
-    (0..rows)
-        .step_by(per)
-        .map(|s| (s, per.min(rows - s)))
-        .collect()
 }
 
 /// `y = x · Wᵀ` with `W` `[out, in]`; no bias (GLM-5 has none).
@@ -476,40 +398,5 @@ mod tests {
             assert_eq!(rel_l2(&rows, &dense.index_select(&ids, 0)?)?, 0.0);
         }
         Ok(())
-    }
-
-    /// Dequant mode's row chunks cover every row once, in order, each within the byte cap (or the
-    /// 128-row floor), equal but the last; a weight that fits, or a cap of 0, is one chunk.
-    #[test]
-    fn dense_chunks_cover_the_rows_within_the_cap() {
-        assert_eq!(dense_chunks(154880, 6144, 2, 0), vec![(0, 154880)]);
-        assert_eq!(dense_chunks(576, 6144, 2, 16 << 20), vec![(0, 576)]);
-        // lm_head in bf16, 16 MiB: 1365 rows fit, so 1280-row chunks, 121 of them, balanced.
-        let lm = dense_chunks(154880, 6144, 2, 16 << 20);
-        assert_eq!(lm.len(), 121);
-        assert_eq!(lm[0], (0, 1280));
-        for (rows, cols, elem, cap) in [
-            (154880, 6144, 2, 16 << 20),
-            (154880, 6144, 4, 32 << 20),
-            (12288, 6144, 2, 24 << 20),
-            (6144, 16384, 2, 8 << 20),
-            (1000, 6144, 2, 1 << 20), // below the floor: 128-row chunks
-            (129, 256, 2, 1),
-        ] {
-            let chunks = dense_chunks(rows, cols, elem, cap);
-            let mut next = 0;
-            for (i, &(s, n)) in chunks.iter().enumerate() {
-                assert_eq!(s, next, "{rows}x{cols} chunk {i}");
-                assert!(n > 0 && n.is_multiple_of(128) || i + 1 == chunks.len());
-                assert!(
-                    n * cols * elem <= cap || n <= 128,
-                    "{rows}x{cols} chunk {i}: {n} rows"
-                );
-                assert!(i + 1 == chunks.len() || n == chunks[0].1);
-                next = s + n;
-            }
-            assert_eq!(next, rows, "{rows}x{cols}");
-            assert!(chunks.len() > 1);
-        }
     }
 }

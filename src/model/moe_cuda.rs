@@ -71,8 +71,9 @@ pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
 /// (`glmcheck_dqmma`: each lane decodes its MMA fragments from the raw blocks; Q4_K, Q5_K, Q6_K and
 /// Q8_0, the others fall back to the shared-memory kernel) at a tile width of 8, 16 or 32 tokens
 /// (`None`: the grouping's cost-model tile, at most 32), the register kernel in the grouping's
-/// tile runs (`Runs`: the busy experts in a wider launch of their own, [`Grouping::tile_runs`];
-/// device-tested, not yet timed: opt-in), or the shared-memory kernel (`glmcheck_dqmm`: a
+/// tile runs (`Runs`, the default: the busy experts in a wider launch of their own,
+/// [`Grouping::tile_runs`]; on an H100 at 256 tokens of the 3-layer GLM-5 synth, the same bits
+/// as one launch and 0.41 ms less kernel time, `reports/gpu-moe.md` build T), or the shared-memory kernel (`glmcheck_dqmm`: a
 /// sub-block per lane decoded into a shared tile, then WMMA). All give decode32's values rounded
 /// to the compute dtype, summed in f32 (each output the same way: a tile decides only which
 /// tokens share a block).
@@ -84,21 +85,21 @@ pub enum TiledKernel {
 }
 
 impl TiledKernel {
-    /// The default, or `GLMCHECK_DEQUANT_EXPERTS=smem` (the shared-memory kernel),
-    /// `GLMCHECK_DEQUANT_EXPERTS=runs` (the register kernel in tile runs) and
-    /// `GLMCHECK_DEQUANT_TILE=8|16|32` (the register kernel's tile width), kept to measure one
-    /// against the other.
+    /// The default (tile runs), or `GLMCHECK_DEQUANT_EXPERTS=smem` (the shared-memory kernel),
+    /// `GLMCHECK_DEQUANT_EXPERTS=one` (the register kernel in one launch at the cost model's
+    /// tile) and `GLMCHECK_DEQUANT_TILE=8|16|32` (one launch at that tile width), kept to measure
+    /// one against the other.
     pub fn from_env() -> TiledKernel {
         match std::env::var_os("GLMCHECK_DEQUANT_EXPERTS") {
             Some(v) if v == "smem" => return TiledKernel::Shared,
-            Some(v) if v == "runs" => return TiledKernel::Runs,
+            Some(v) if v == "one" => return TiledKernel::Registers(None),
             _ => {}
         }
-        let tile = std::env::var("GLMCHECK_DEQUANT_TILE")
+        std::env::var("GLMCHECK_DEQUANT_TILE")
             .ok()
             .and_then(|v| v.parse::<u8>().ok())
-            .filter(|t| matches!(t, 8 | 16 | 32));
-        TiledKernel::Registers(tile)
+            .filter(|t| matches!(t, 8 | 16 | 32))
+            .map_or(TiledKernel::Runs, |t| TiledKernel::Registers(Some(t)))
     }
 
     /// The launcher's (kernel, tile width) codes.

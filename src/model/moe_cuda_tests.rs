@@ -232,47 +232,6 @@ fn the_whole_tensor_decoder_equals_candles_bit_for_bit() -> Result<()> {
     Ok(())
 }
 
-/// Dequant mode's row chunks: each chunk's decode is the whole decode's rows bit for bit, and the
-/// chunked product equals the whole one to the compute dtype's rounding (cuBLAS may sum a narrower
-/// GEMM in another order). 300 rows in chunks of 128 (the last one 44 rows), bf16 and f32.
-#[test]
-fn dense_row_chunks_equal_the_whole_weight() -> Result<()> {
-    let Ok(dev) = Device::new_cuda(0) else {
-        eprintln!("no CUDA device: skipped");
-        return Ok(());
-    };
-    let w = (Tensor::randn(0f32, 1.0, (300, 512), &Device::Cpu)? * 0.05)?;
-    let x = Tensor::randn(0f32, 1.0, (19, 512), &dev)?;
-    for qt in TILED_TYPES {
-        let q = QTensor::quantize_onto(&w, qt, &dev)?;
-        for (dtype, bound) in [(DType::BF16, 8e-3), (DType::F32, 1e-6)] {
-            let whole = crate::gguf::cuda_decode::decode(&q, dtype)?
-                .unwrap_or_else(|| panic!("{qt:?} {dtype:?} not covered"));
-            let chunks = crate::model::linear::dense_chunks(300, 512, dtype.size_in_bytes(), 1);
-            assert_eq!(chunks, vec![(0, 128), (128, 128), (256, 44)]);
-            for &(s, n) in &chunks {
-                let part = crate::gguf::cuda_decode::decode_rows(&q, dtype, s, n)?
-                    .unwrap_or_else(|| panic!("{qt:?} {dtype:?} rows not covered"));
-                let want = whole.narrow(0, s, n)?;
-                let same = part.eq(&want)?.to_dtype(DType::F32)?.sum_all()?;
-                assert_eq!(
-                    same.to_scalar::<f32>()?,
-                    (n * 512) as f32,
-                    "{qt:?} {dtype:?} {s}"
-                );
-            }
-            let xd = x.to_dtype(dtype)?;
-            let want = crate::model::linear::dequant_matmul_in(&q, &xd, dtype, 0)?;
-            let got = crate::model::linear::dequant_matmul_in(&q, &xd, dtype, 1)?;
-            assert_eq!(got.dims(), &[19, 300]);
-            let rel = rel_l2(&got.to_dtype(DType::F32)?, &want.to_dtype(DType::F32)?)?;
-            assert!(rel <= bound, "{qt:?} {dtype:?}: chunked rel-L2 {rel}");
-            eprintln!("{qt:?} {dtype:?}: rows bit for bit, chunked product rel-L2 {rel:.1e}");
-        }
-    }
-    Ok(())
-}
-
 /// q8 mode's int8 expert kernel (`cuda/q8_moe.cu`) against llama.cpp's MMQ (`cuda/moe_mmq.cu`, as
 /// vendored in candle-kernels) on the same grouping and the same Q8_1 activations: both compute
 /// exact integer dot products per sub-block scaled by llama.cpp's expressions, so they agree to

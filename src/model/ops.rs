@@ -32,11 +32,21 @@ impl RmsNorm {
         RmsNorm { fused, ..self }
     }
 
-    /// `[…, n]` → `[…, n]`.
+    /// `[…, n]` → `[…, n]`. On CUDA transformers' arithmetic is one launch of glmcheck's kernel
+    /// (`fused_cuda::rms_norm`, equal to [`RmsNorm::chain`] bit for bit).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if self.fused {
             return candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps as f32);
         }
+        #[cfg(feature = "cuda")]
+        if let Some(y) = super::fused_cuda::rms_norm(x, &self.weight, self.eps)? {
+            return Ok(y);
+        }
+        self.chain(x)
+    }
+
+    /// transformers' arithmetic op by op.
+    pub fn chain(&self, x: &Tensor) -> Result<Tensor> {
         let dtype = x.dtype();
         let xf = x.to_dtype(DType::F32)?;
         let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
