@@ -2,15 +2,24 @@
 # device_kernel_profile.sh, device_ncu_kernel.sh) once `out` (the result dir, absolute) is set: the driver's libcuda on the
 # library path, the GPU (gpu.txt) and GLMCHECK_COMMIT (commit.txt) written into OUTDIR, OUTDIR
 # packed into $OUT/x.tar.xz at exit when OUT is set, and
-# `step NAME MAX_S CMD…`: stdout → NAME.json, stderr → NAME.log, rc and seconds → rc.txt, and
+# `step NAME MAX_S CMD…`: stdout → NAME.json, stderr → NAME.log, rc and seconds → rc.txt (capped by
+# DEADLINE when T0 is set), and
 # `ab_forwards OLD NEW ROUNDS FORWARD_ARGS…`: an OLD-vs-NEW pair on the same forward (see below).
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 pack() { [ -n "${OUT:-}" ] && tar -C "$(dirname "$out")" -cJf "$OUT/x.tar.xz" "$(basename "$out")"; }
 trap pack EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader > "$out/gpu.txt" 2>&1
 echo "${GLMCHECK_COMMIT:-unknown}" > "$out/commit.txt"
+# With T0 (the call's start, s) and DEADLINE (s from T0) set before sourcing, `left` is what is left of
+# the call and a step's limit is capped by it (a step with under 5 s left is skipped, rc 99).
+left() { echo $((DEADLINE - ($(date +%s) - T0))); }
 step() {
-  local name=$1 max=$2; shift 2; local t0; t0=$(date +%s.%N)
+  local name=$1 max=$2; shift 2
+  if [ -n "${T0:-}" ] && [ -n "${DEADLINE:-}" ]; then
+    local l; l=$(left); [ "$max" -gt "$l" ] && max=$l
+    if [ "$max" -lt 5 ]; then echo "$name skipped (deadline)" >> "$out/rc.txt"; return 99; fi
+  fi
+  local t0; t0=$(date +%s.%N)
   timeout "$max" "$@" > "$out/$name.json" 2> "$out/$name.log"
   local rc=$?; echo "$name rc=$rc $(awk "BEGIN{print $(date +%s.%N) - $t0}") s" >> "$out/rc.txt"
 }

@@ -23,14 +23,6 @@ mkdir -p "$out"; out=$(readlink -f "$out")
 T0=$(date +%s); DEADLINE=${DEADLINE:-570}
 work=${GPU_BENCH_WORK:-/tmp/gpub}; mkdir -p "$work"; model=$work/m.gguf
 . "$(dirname "$0")/device_common.sh"
-left() { echo $((DEADLINE - ($(date +%s) - T0))); }
-step() {
-  local name=$1 max=$2; shift 2; local l; l=$(left); [ "$max" -gt "$l" ] && max=$l
-  if [ "$max" -lt 5 ]; then echo "$name skipped (deadline)" >> "$out/rc.txt"; return 99; fi
-  local t0; t0=$(date +%s.%N)
-  timeout "$max" "$@" > "$out/$name.json" 2> "$out/$name.log"
-  local rc=$?; echo "$name rc=$rc $(awk "BEGIN{print $(date +%s.%N) - $t0}") s" >> "$out/rc.txt"
-}
 # one executable per variant (its environment set), names in order
 names=()
 for v in "$@"; do
