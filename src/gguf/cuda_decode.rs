@@ -17,16 +17,8 @@ extern "C" {
         x: *const std::ffi::c_void,
         y: *mut std::ffi::c_void,
         n_values: i64,
-        persistent: i32,
         stream: *mut std::ffi::c_void,
     ) -> i32;
-}
-
-/// Whether the decoder runs as many blocks as the device holds, each warp looping over its
-/// batches with the next one's loads in flight (the default), or one warp per batch
-/// (`GLMCHECK_DECODE_WHOLE=all`, the grid before the loop, to measure one against the other).
-fn persistent() -> i32 {
-    i32::from(std::env::var_os("GLMCHECK_DECODE_WHOLE").is_none_or(|v| v != "all"))
 }
 
 /// The quant types glmcheck's kernels are built for (the grouped MMQ kernel, the expert decoder),
@@ -58,12 +50,6 @@ pub(crate) fn tiled_type(t: GgmlDType) -> Option<i32> {
 /// `q` decoded on its CUDA device into `dtype` (f32, f16 or bf16), its shape kept; `None` where the
 /// kernel does not apply (another quant type or device, a size not a multiple of 256 values).
 pub fn decode(q: &QTensor, dtype: DType) -> Result<Option<Tensor>> {
-    decode_grid(q, dtype, persistent())
-}
-
-/// [`decode`] on a grid of `grid` blocks: 0 one warp per 1024 values, 1 as many blocks as the
-/// device holds at once, N > 1 at most N blocks (tests: warps that loop over many batches).
-pub(crate) fn decode_grid(q: &QTensor, dtype: DType, grid: i32) -> Result<Option<Tensor>> {
     let elems = q.shape().elem_count();
     let code = match dtype {
         DType::F32 => 0,
@@ -81,12 +67,7 @@ pub(crate) fn decode_grid(q: &QTensor, dtype: DType, grid: i32) -> Result<Option
     let dims = q.shape().dims().to_vec();
     // The op runs on a one-element tensor of the weight's device (candle ops need a storage).
     let anchor = Tensor::zeros(1, DType::U32, &q.device())?;
-    let op = Whole {
-        q,
-        dtype,
-        code,
-        grid,
-    };
+    let op = Whole { q, dtype, code };
     Ok(Some(anchor.apply_op1_no_bwd(&op)?.reshape(dims)?))
 }
 
@@ -94,7 +75,6 @@ struct Whole<'a> {
     q: &'a QTensor,
     dtype: DType,
     code: i32,
-    grid: i32,
 }
 
 impl CustomOp1 for Whole<'_> {
@@ -113,8 +93,7 @@ impl CustomOp1 for Whole<'_> {
         let stream = dev.cuda_stream();
         let x = self.q.device_ptr()? as *const std::ffi::c_void;
         let s = stream.cu_stream() as *mut std::ffi::c_void;
-        let p = self.grid;
-        let run = |y| unsafe { glmcheck_decode_whole(ty, self.code, x, y, elems as i64, p, s) };
+        let run = |y| unsafe { glmcheck_decode_whole(ty, self.code, x, y, elems as i64, s) };
         let (rc, storage) = match self.dtype {
             DType::F32 => fill::<f32>(dev, elems, run)?,
             DType::F16 => fill::<half::f16>(dev, elems, run)?,
