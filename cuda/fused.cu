@@ -24,7 +24,7 @@
 //    (float)eps (`affine_f32`, each one rounding), `sqrtf` rounded, `1. / x` in double rounded to
 //    float (`urecip_f32`), each value times it (`bmul_f32`), rounded to the dtype, times the
 //    weight in the dtype (`bmul`: the f32 product of two bf16/f16 values is exact, so one
-//    rounding). Ten launches and five [rows, n] round trips through device memory become one.
+//    rounding, unless it falls below f32's normal range, 2^-126, where the two could differ). Ten launches and five [rows, n] round trips through device memory become one.
 //
 // Built by build.rs with `--features cuda`; declared in src/model/fused_cuda.rs.
 

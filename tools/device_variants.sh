@@ -26,6 +26,10 @@ work=${GPU_BENCH_WORK:-/tmp/gpub}; mkdir -p "$work"; model=$work/m.gguf
 # one executable per variant (its environment set), names in order
 names=()
 for v in "$@"; do
+  case "$v" in
+    [A-Za-z0-9]*:*) ;;
+    *) echo "variant '$v': NAME:ENV (a name of letters, digits, '-' or '_', a colon, then VAR=V pairs or nothing)" >&2; exit 2 ;;
+  esac
   name=${v%%:*}; env=${v#*:}
   printf '#!/bin/sh\nexec env %s %s "$@"\n' "$env" "$bin" > "$out/glmcheck-$name"; chmod +x "$out/glmcheck-$name"
   echo "$name: $env" >> "$out/variants.txt"; names+=("$name")
@@ -42,6 +46,7 @@ fi
 fwd() { echo forward "$model" --device cuda --dtype bf16 --matmul "${MODE:-dequant}" --max-new-tokens 0 --json --tokens "$(seq -s, 1000 $((999 + $1)))"; }
 # 2. every variant against the first one's dump
 first=${names[0]}
+rm -f "$work/first-256.safetensors" # never compare against a dump an earlier call left
 # shellcheck disable=SC2046
 step "dump-256-$first" 60 "$out/glmcheck-$first" $(fwd 256) --dump "$work/first-256.safetensors"
 for n in "${names[@]:1}"; do

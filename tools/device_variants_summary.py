@@ -59,7 +59,7 @@ def main():
             continue
         try:
             best = round(json.loads(f.read_text())["bench"]["best_ms"], 2)
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, TypeError):
             continue
         res["bench_best_ms"].setdefault(f"{m.group(3)}@{m.group(1)}", []).append(best)
     res["timed_forward"] = {name: timed(d / f"census-256-{name}.json") for name, _ in vs}

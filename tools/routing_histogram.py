@@ -5,7 +5,7 @@ dequant mode's register kernel decodes (numpy only).
 For every `model.layers.N.mlp.gate.topk_indices` capture (`[T, k]` expert ids) of the dump: the
 experts that got rows, their row counts, and the weight decodes per active expert of
   tile16 / tile32  one launch at that tile: an expert of r rows decodes its weights ceil(r / w) times;
-  runs             GLMCHECK_DEQUANT_EXPERTS=runs (Grouping::tile_runs at 256 tokens of GLM-5): the
+  runs             the default since a51d245 (Grouping::tile_runs at 256 tokens of GLM-5): the
                    experts of at most 16 rows at 16, the others in a launch of their own at 32.
 Usage: tools/routing_histogram.py DUMP.safetensors [--json]
   e.g. glmcheck forward m.gguf --tokens 1000,...,1255 --device cpu --dtype bf16 --max-new-tokens 0 --dump DUMP

@@ -220,11 +220,12 @@ impl Grouping {
 
 impl DequantMatmul<'_> {
     /// The launches: (the active experts' indices, null for all in order; how many; tile width;
-    /// the busiest one's rows). By default one launch at the grouping's cost-model tile (as q8's
+    /// the busiest one's rows). By default (`Runs`) the grouping's tile runs: the experts within
+    /// the cost-model tile in one launch at it, the busy ones in a 32-wide launch of their own
+    /// (`by_size`: the table's by-size segment on the device). `Registers(None)`
+    /// (`GLMCHECK_DEQUANT_EXPERTS=one`): one launch at the grouping's cost-model tile (as q8's
     /// int8 experts, at most 32 tokens: 16 at 256 tokens of GLM-5, ~9 rows an expert; 8 at 16
-    /// tokens); `Runs`: the grouping's tile runs (the busy experts in a 32-wide launch of their
-    /// own; `by_size`: the table's by-size segment on the device); a fixed tile (`tn`) or the
-    /// shared-memory kernel: one launch of every expert.
+    /// tokens); a fixed tile (`tn`) or the shared-memory kernel: one launch of every expert.
     fn launches(
         &self,
         g: &Grouping,

@@ -13,8 +13,8 @@ pub struct RmsNorm {
     /// One fused kernel (candle-nn's `rms_norm`: f32 inside, rounded once) instead of
     /// transformers' op-by-op arithmetic (the normalised value rounded to the compute dtype before
     /// the weight multiplies it; equal in f32 up to rsqrt's rounding, one bf16 ulp apart in bf16).
-    /// q8 mode on CUDA only: there launches dominate a short prompt (ten per norm op by op), and
-    /// a GGUF deployment's norm (llama.cpp's) is fused anyway.
+    /// q8 mode on CUDA only: a GGUF deployment's norm (llama.cpp's) is fused anyway. (Dequant mode
+    /// on CUDA runs the op-by-op arithmetic as one launch too: [`RmsNorm::forward`].)
     pub fused: bool,
 }
 
