@@ -827,13 +827,120 @@ __global__ void __launch_bounds__(32 * DW) glmcheck_decode_whole_k(const uint8_t
     }
 }
 
+// One warp per batch of four 256-value groups, batches g0, g0 + stride, ... (stride: the grid's
+// warps × 4 groups): the next batch's words are loaded into registers before the current one is
+// decoded, so a warp's global loads overlap its decoding. Opt-in (`GLMCHECK_DECODE_WHOLE=loop`), written
+// and device-tested but not yet timed: glmcheck_decode_whole_k stays the default until it is.
+template <int T, typename O>
+__global__ void __launch_bounds__(32 * DW) glmcheck_decode_loop_k(const uint8_t * __restrict__ x,
+                                                                    O * __restrict__ y, long long n_groups) {
+    constexpr int B = bytes_256(T), RAW = (4 * B + 4 + 3) / 4 + 4; // words: 4 groups + misalignment + slack
+    constexpr int LW = (RAW + 31) / 32;                             // words per lane
+    constexpr int PITCH = 36;                                       // floats per staged sub-block
+    __shared__ uint32_t raw[DW][RAW];
+    __shared__ __align__(16) float st[DW][32 * PITCH];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long stride = (long long) gridDim.x * DW * 4;
+    long long g0 = ((long long) blockIdx.x * DW + warp) * 4; // first 256-value group
+    if (g0 >= n_groups) {
+        return;
+    }
+    // The words of batch g (from the 4-byte boundary below its first byte; never a word past the
+    // tensor's last byte) into the lane's registers.
+    uint32_t words[LW] = {};
+    auto load = [&](long long g) {
+        const int groups = (int) min(4LL, n_groups - g);
+        const uintptr_t start = (uintptr_t) (x + g * B), end = start + (uintptr_t) groups * B;
+        const uint32_t * w0 = (const uint32_t *) (start & ~(uintptr_t) 3);
+        const int n = (int) (((end + 3) & ~(uintptr_t) 3) - (uintptr_t) w0) / 4;
+#pragma unroll
+        for (int j = 0; j < LW; ++j) {
+            const int i = lane + 32 * j;
+            if (i < n) {
+                words[j] = w0[i];
+            }
+        }
+    };
+    load(g0);
+    for (; g0 < n_groups; g0 += stride) {
+        const int groups = (int) min(4LL, n_groups - g0);
+        const uintptr_t start = (uintptr_t) (x + g0 * B);
+        __syncwarp(); // the previous batch's reads of raw and st are done
+#pragma unroll
+        for (int j = 0; j < LW; ++j) {
+            const int i = lane + 32 * j;
+            if (i < RAW) {
+                raw[warp][i] = words[j];
+            }
+        }
+        __syncwarp();
+        if (g0 + stride < n_groups) {
+            load(g0 + stride);
+        }
+        const uint8_t * base = (const uint8_t *) raw[warp] + (start & 3);
+        float * s = st[warp];
+        if (lane < 8 * groups) {
+            float v[32];
+            decode32<T>(base + (lane / 8) * B, lane % 8, v);
+            float4 * d = (float4 *) (s + lane * PITCH);
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                d[q] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+            }
+        }
+        __syncwarp();
+        O * out = y + g0 * 256;
+        for (int e = 4 * lane; e < 256 * groups; e += 128) {
+            store4<O>(out + e, *(const float4 *) (s + (e / 32) * PITCH + e % 32));
+        }
+    }
+}
+
+// Blocks of the loop kernel: as many as the device holds at once (persistent = 1), or at most
+// `persistent` (> 1: tests make warps loop on small tensors); fewer when there are fewer batches.
+template <int T, typename O> long long decode_blocks(long long n_groups, int persistent) {
+    const long long all = (n_groups + 4 * DW - 1) / (4 * DW);
+    if (persistent > 1) {
+        return min(all, (long long) persistent);
+    }
+    static int resident = 0; // blocks the device holds at once (per type and output; the device does not change)
+    if (resident == 0) {
+        int dev = 0, sms = 0, per_sm = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess
+            || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess
+            || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, glmcheck_decode_loop_k<T, O>, 32 * DW, 0)
+                   != cudaSuccess
+            || sms <= 0 || per_sm <= 0) {
+            return all;
+        }
+        resident = sms * per_sm;
+    }
+    return min(all, (long long) resident);
+}
+
 template <int T>
-int decode_whole(int dtype, const void * x, void * y, long long n_groups, cudaStream_t s) {
+int decode_whole(int dtype, const void * x, void * y, long long n_groups, int persistent, cudaStream_t s) {
+    const uint8_t * xb = (const uint8_t *) x;
+    if (persistent > 0) {
+        long long blocks = 0;
+        switch (dtype) {
+            case 0: blocks = decode_blocks<T, float>(n_groups, persistent); break;
+            case 1: blocks = decode_blocks<T, half>(n_groups, persistent); break;
+            case 2: blocks = decode_blocks<T, __nv_bfloat16>(n_groups, persistent); break;
+            default: return 1;
+        }
+        switch (dtype) {
+            case 0: glmcheck_decode_loop_k<T, float><<<(unsigned) blocks, 32 * DW, 0, s>>>(xb, (float *) y, n_groups); break;
+            case 1: glmcheck_decode_loop_k<T, half><<<(unsigned) blocks, 32 * DW, 0, s>>>(xb, (half *) y, n_groups); break;
+            default: glmcheck_decode_loop_k<T, __nv_bfloat16><<<(unsigned) blocks, 32 * DW, 0, s>>>(
+                        xb, (__nv_bfloat16 *) y, n_groups); break;
+        }
+        return cudaGetLastError() == cudaSuccess ? 0 : 3;
+    }
     const long long blocks = (n_groups + 4 * DW - 1) / (4 * DW);
     if (blocks > 0x7fffffffLL) {
         return 2;
     }
-    const uint8_t * xb = (const uint8_t *) x;
     switch (dtype) {
         case 0: glmcheck_decode_whole_k<T, float><<<(unsigned) blocks, 32 * DW, 0, s>>>(xb, (float *) y, n_groups); break;
         case 1: glmcheck_decode_whole_k<T, half><<<(unsigned) blocks, 32 * DW, 0, s>>>(xb, (half *) y, n_groups); break;
@@ -847,22 +954,23 @@ int decode_whole(int dtype, const void * x, void * y, long long n_groups, cudaSt
 } // namespace
 
 // n_values (a multiple of 256) of a tensor of `ggml_type` blocks at x, decoded into y: dtype 0 f32,
-// 1 f16, 2 bf16. Returns 0 when launched; 1: no kernel for the type or dtype; 2: a shape it does not
-// take; 3: CUDA refused the launch.
+// 1 f16, 2 bf16; persistent 0: one warp per batch (glmcheck_decode_whole_k), 1: the loop kernel on as
+// many blocks as the device holds at once, N > 1: the loop kernel on at most N blocks. Returns 0 when
+// launched; 1: no kernel for the type or dtype; 2: a shape it does not take; 3: CUDA refused the launch.
 extern "C" int glmcheck_decode_whole(int ggml_type, int dtype, const void * x, void * y, long long n_values,
-                                     void * stream) {
+                                     int persistent, void * stream) {
     if (n_values <= 0 || n_values % 256 != 0) {
         return 2;
     }
     const long long g = n_values / 256;
     const cudaStream_t s = (cudaStream_t) stream;
     switch (ggml_type) {
-        case Q4_0: return decode_whole<Q4_0>(dtype, x, y, g, s);
-        case Q5_0: return decode_whole<Q5_0>(dtype, x, y, g, s);
-        case Q8_0: return decode_whole<Q8_0>(dtype, x, y, g, s);
-        case Q4_K: return decode_whole<Q4_K>(dtype, x, y, g, s);
-        case Q5_K: return decode_whole<Q5_K>(dtype, x, y, g, s);
-        case Q6_K: return decode_whole<Q6_K>(dtype, x, y, g, s);
+        case Q4_0: return decode_whole<Q4_0>(dtype, x, y, g, persistent, s);
+        case Q5_0: return decode_whole<Q5_0>(dtype, x, y, g, persistent, s);
+        case Q8_0: return decode_whole<Q8_0>(dtype, x, y, g, persistent, s);
+        case Q4_K: return decode_whole<Q4_K>(dtype, x, y, g, persistent, s);
+        case Q5_K: return decode_whole<Q5_K>(dtype, x, y, g, persistent, s);
+        case Q6_K: return decode_whole<Q6_K>(dtype, x, y, g, persistent, s);
         default: return 1;
     }
 }

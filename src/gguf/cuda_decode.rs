@@ -17,8 +17,16 @@ extern "C" {
         x: *const std::ffi::c_void,
         y: *mut std::ffi::c_void,
         n_values: i64,
+        persistent: i32,
         stream: *mut std::ffi::c_void,
     ) -> i32;
+}
+
+/// Which decoder runs: one warp per 1024 values (the default), or with `GLMCHECK_DECODE_WHOLE=loop`
+/// the loop kernel on as many blocks as the device holds, each warp looping over its batches with
+/// the next one's loads in flight (opt-in: device-tested, not yet timed).
+fn persistent() -> i32 {
+    i32::from(std::env::var_os("GLMCHECK_DECODE_WHOLE").is_some_and(|v| v == "loop"))
 }
 
 /// The quant types glmcheck's kernels are built for (the grouped MMQ kernel, the expert decoder),
@@ -50,6 +58,13 @@ pub(crate) fn tiled_type(t: GgmlDType) -> Option<i32> {
 /// `q` decoded on its CUDA device into `dtype` (f32, f16 or bf16), its shape kept; `None` where the
 /// kernel does not apply (another quant type or device, a size not a multiple of 256 values).
 pub fn decode(q: &QTensor, dtype: DType) -> Result<Option<Tensor>> {
+    decode_grid(q, dtype, persistent())
+}
+
+/// [`decode`] by the kernel and grid `grid` says: 0 one warp per 1024 values, 1 the loop kernel on
+/// as many blocks as the device holds at once, N > 1 the loop kernel on at most N blocks (tests:
+/// warps that loop over many batches).
+pub(crate) fn decode_grid(q: &QTensor, dtype: DType, grid: i32) -> Result<Option<Tensor>> {
     let elems = q.shape().elem_count();
     let code = match dtype {
         DType::F32 => 0,
@@ -67,7 +82,12 @@ pub fn decode(q: &QTensor, dtype: DType) -> Result<Option<Tensor>> {
     let dims = q.shape().dims().to_vec();
     // The op runs on a one-element tensor of the weight's device (candle ops need a storage).
     let anchor = Tensor::zeros(1, DType::U32, &q.device())?;
-    let op = Whole { q, dtype, code };
+    let op = Whole {
+        q,
+        dtype,
+        code,
+        grid,
+    };
     Ok(Some(anchor.apply_op1_no_bwd(&op)?.reshape(dims)?))
 }
 
@@ -75,6 +95,7 @@ struct Whole<'a> {
     q: &'a QTensor,
     dtype: DType,
     code: i32,
+    grid: i32,
 }
 
 impl CustomOp1 for Whole<'_> {
@@ -93,7 +114,8 @@ impl CustomOp1 for Whole<'_> {
         let stream = dev.cuda_stream();
         let x = self.q.device_ptr()? as *const std::ffi::c_void;
         let s = stream.cu_stream() as *mut std::ffi::c_void;
-        let run = |y| unsafe { glmcheck_decode_whole(ty, self.code, x, y, elems as i64, s) };
+        let p = self.grid;
+        let run = |y| unsafe { glmcheck_decode_whole(ty, self.code, x, y, elems as i64, p, s) };
         let (rc, storage) = match self.dtype {
             DType::F32 => fill::<f32>(dev, elems, run)?,
             DType::F16 => fill::<half::f16>(dev, elems, run)?,

@@ -190,7 +190,8 @@ fn the_tiled_kernels_decode_every_weight_to_candles_bits() -> Result<()> {
 
 /// glmcheck's whole-tensor decoder gives candle's decoded values bit for bit: f32 against candle's
 /// f32 decode, f16 against its f16 decode, bf16 against its f32 decode rounded (what
-/// `linear::dequantize` used before). A size that ends mid-warp (74 groups of 256: the last warp takes 2 of its 4).
+/// `linear::dequantize` used before). A size that ends mid-warp (74 groups of 256: the last warp takes 2 of its 4),
+/// on every grid (warps that loop over several batches included).
 #[test]
 fn the_whole_tensor_decoder_equals_candles_bit_for_bit() -> Result<()> {
     let Ok(dev) = Device::new_cuda(0) else {
@@ -208,25 +209,32 @@ fn the_whole_tensor_decoder_equals_candles_bit_for_bit() -> Result<()> {
             (DType::BF16, f32_ref.to_dtype(DType::BF16)?),
         ];
         for (dtype, want) in wants {
-            let got = crate::gguf::cuda_decode::decode(&q, dtype)?
-                .unwrap_or_else(|| panic!("{qt:?} {dtype:?} not covered"));
-            assert_eq!(got.dims(), want.dims());
-            let (g, w) = (
-                got.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
-                want.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+            // both kernels: one warp per batch (0), the loop kernel on the device's resident
+            // blocks (1) and on 2 or 3 blocks whose warps loop over the 19 batches (the last short)
+            for grid in [0, 1, 2, 3] {
+                let got = crate::gguf::cuda_decode::decode_grid(&q, dtype, grid)?
+                    .unwrap_or_else(|| panic!("{qt:?} {dtype:?} not covered"));
+                assert_eq!(got.dims(), want.dims());
+                let (g, w) = (
+                    got.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+                    want.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+                );
+                let diff = g
+                    .iter()
+                    .zip(&w)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                assert_eq!(
+                    diff,
+                    0,
+                    "{qt:?} {dtype:?} grid {grid}: {diff} of {} values differ",
+                    g.len()
+                );
+            }
+            eprintln!(
+                "{qt:?} {dtype:?}: {} values equal on every grid",
+                want.elem_count()
             );
-            let diff = g
-                .iter()
-                .zip(&w)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
-            assert_eq!(
-                diff,
-                0,
-                "{qt:?} {dtype:?}: {diff} of {} values differ",
-                g.len()
-            );
-            eprintln!("{qt:?} {dtype:?}: {} values equal", g.len());
         }
     }
     Ok(())
