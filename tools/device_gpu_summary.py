@@ -148,6 +148,8 @@ def main():
     ap.add_argument("--date")
     ap.add_argument("--note", action="append", default=[], help="a line for the report's notes (repeatable)")
     ap.add_argument("--out-dir", default="reports")
+    ap.add_argument("--replace", action="store_true",
+                    help="overwrite an OUT_DIR/gpu.json written for another commit or date (refused otherwise)")
     ap.add_argument("--label", action="append", default=[], metavar="SEQ:MODE=TEXT",
                     help="what a run's matmul column says (e.g. '256:q8=q8, GLMCHECK_Q8_DENSE=wide' when that "
                          "run's glmcheck had a route switched by the environment); kept in the JSON as 'route'")
@@ -323,6 +325,10 @@ def main():
                            "gpu_info": (lb or [{}])[0].get("gpu_info") if lb else None},
               "wall_s": all_spans, "notes_from_times": all_lines, "notes": a.note}
     os.makedirs(a.out_dir, exist_ok=True)
+    prev = load(os.path.join(a.out_dir, "gpu.json"))
+    if prev and (prev.get("commit"), prev.get("date")) != (commit, date) and not a.replace:
+        ap.error(f"{a.out_dir}/gpu.json holds the run of commit {prev.get('commit')} on {prev.get('date')}; "
+                 "pass --replace to overwrite it, or --out-dir elsewhere")
     with open(os.path.join(a.out_dir, "gpu.json"), "w") as f:
         json.dump(report, f, indent=1)
 
