@@ -16,15 +16,12 @@ old=$(readlink -f "$1"); new=$(readlink -f "$2"); tests=$(readlink -f "$3"); out
 mkdir -p "$out"; out=$(readlink -f "$out")
 work=${WORK:-/tmp/gpub}; mkdir -p "$work"; model=$work/m.gguf
 . "$(dirname "$0")/device_common.sh"
-ncu=$(command -v ncu || echo /usr/local/cuda-13.0/bin/ncu)
 # shellcheck disable=SC2086
 step unit 180 "$tests" --test-threads 1 --nocapture ${TEST_FILTERS:-}
 [ -f "$model" ] || step synth 220 "$new" synth --dims glm5 --layers 3 --qtype q4_k_m --out "$model" --force --json
 fwd=(forward "$model" --device cuda --dtype bf16 --matmul "${MODE:-q8}" --max-new-tokens 0 --json)
 ab_forwards "$old" "$new" "${ROUNDS:-3}" "${fwd[@]}"
 t16=$(seq -s, 1000 1015); t256=$(seq -s, 1000 1255)
-census=(--metrics gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread --csv --print-units base
-  --clock-control none)
 step census-new-16 150 "$ncu" "${census[@]}" "$new" "${fwd[@]}" --tokens "$t16" --bench 1
 step census-new-256 150 "$ncu" "${census[@]}" "$new" "${fwd[@]}" --tokens "$t256" --bench 1
 step census-old-256 150 "$ncu" "${census[@]}" "$old" "${fwd[@]}" --tokens "$t256" --bench 1

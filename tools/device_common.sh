@@ -4,8 +4,13 @@
 # packed into $OUT/x.tar.xz at exit when OUT is set, and
 # `step NAME MAX_S CMD…`: stdout → NAME.json, stderr → NAME.log, rc and seconds → rc.txt (capped by
 # DEADLINE when T0 is set), and
-# `ab_forwards OLD NEW ROUNDS FORWARD_ARGS…`: an OLD-vs-NEW pair on the same forward (see below).
+# `ab_forwards OLD NEW ROUNDS FORWARD_ARGS…`: an OLD-vs-NEW pair on the same forward (see below), and
+# `$ncu` / `${census[@]}`: Nsight Compute and the per-kernel census options.
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+# Nsight Compute, and the census options: every kernel's time, grid and registers
+ncu=$(command -v ncu || echo /usr/local/cuda-13.0/bin/ncu)
+census=(--metrics gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread --csv --print-units base
+  --clock-control none)
 pack() { [ -n "${OUT:-}" ] && tar -C "$(dirname "$out")" -cJf "$OUT/x.tar.xz" "$(basename "$out")"; }
 trap pack EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader > "$out/gpu.txt" 2>&1

@@ -17,14 +17,11 @@ old=$(readlink -f "$1"); new=$(readlink -f "$2"); tests=$(readlink -f "$3"); out
 mkdir -p "$out"; out=$(readlink -f "$out")
 work=${WORK:-/tmp/gpub}; mkdir -p "$work"; model=$work/m.gguf
 . "$(dirname "$0")/device_common.sh"
-ncu=$(command -v ncu || echo /usr/local/cuda-13.0/bin/ncu)
 step unit 150 "$tests" --test-threads 1 --nocapture the_bf16_quantizer the_int8_ split_k
 [ -f "$model" ] || step synth 220 "$new" synth --dims glm5 --layers 3 --qtype q4_k_m --out "$model" --force --json
 q8=(forward "$model" --device cuda --dtype bf16 --matmul q8 --max-new-tokens 0 --json)
 ab_forwards "$old" "$new" "${ROUNDS:-4}" "${q8[@]}"
 t16=$(seq -s, 1000 1015); t256=$(seq -s, 1000 1255)
-census=(--metrics gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread --csv --print-units base
-  --clock-control none)
 for n in 16 256; do
   toks=$t16; [ "$n" = 256 ] && toks=$t256
   step "census-new-$n" 180 "$ncu" "${census[@]}" "$new" "${q8[@]}" --tokens "$toks" --bench 1

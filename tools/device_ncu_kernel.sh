@@ -8,7 +8,6 @@ set -uo pipefail
 bin=$(readlink -f "$1"); out=$2; mkdir -p "$out"; out=$(readlink -f "$out")
 work=${WORK:-/tmp/gpub}; mkdir -p "$work"; model=$work/m.gguf
 . "$(dirname "$0")/device_common.sh"
-ncu=$(command -v ncu || echo /usr/local/cuda-13.0/bin/ncu)
 [ -f "$model" ] || step synth 220 "$bin" synth --dims glm5 --layers 3 --qtype q4_k_m --out "$model" --force --json
 toks=$(seq -s, 1000 $((999 + ${N:-256})))
 fwd=("$bin" forward "$model" --tokens "$toks" --device cuda --dtype bf16 --matmul q8 --max-new-tokens 0 --json)

@@ -38,7 +38,6 @@ for n in ${NS:-16 256}; do
   step "tiled-$n" 120 "${fwd[@]}" --matmul dequant
 done
 # 4. the grouped expert kernels' own GPU time at 256 tokens (ncu, clocks as they are): int8 and MMQ.
-ncu=$(command -v ncu || echo /usr/local/cuda-13.0/bin/ncu)
 toks=$(seq -s, 1000 1255)
 fwd=("$bin" forward "$model" --tokens "$toks" --device cuda --dtype bf16 --matmul q8 --max-new-tokens 0 --json)
 step ncu-int8-256 120 "$ncu" --kernel-name regex:glmcheck_q8mm --metrics gpu__time_duration.sum --csv \

@@ -13,7 +13,6 @@ set -uo pipefail
 bin=$(readlink -f "$1"); tests=$(readlink -f "$2"); out=$3; mkdir -p "$out"; out=$(readlink -f "$out")
 work=${WORK:-/tmp/gpub}; mkdir -p "$work"; model=$work/m.gguf
 . "$(dirname "$0")/device_common.sh"
-ncu=$(command -v ncu || echo /usr/local/cuda-13.0/bin/ncu)
 step unit 120 "$tests" --test-threads 1 --nocapture the_int8_ split_k
 [ -f "$model" ] || step synth 220 "$bin" synth --dims glm5 --layers 3 --qtype q4_k_m --out "$model" --force --json
 t16=$(seq -s, 1000 1015); d=$work/dumps; mkdir -p "$d"

@@ -64,9 +64,6 @@ for s in ${SEQS:-256}; do
   done
 done
 # 4. census
-ncu=$(command -v ncu || echo /usr/local/cuda-13.0/bin/ncu)
-census=(--metrics gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread --csv --print-units base
-  --clock-control none)
 for n in "${names[@]}"; do
   # shellcheck disable=SC2046
   step "census-256-$n" 75 "$ncu" "${census[@]}" "$out/glmcheck-$n" $(fwd 256) --bench 1

@@ -56,9 +56,6 @@ if [ -f "$model" ]; then
     step "new-256-r$r" 60 "$new" "${fwd[@]}" --bench 5
   done
   # 3. census (each runs a captured forward and the timed one)
-  ncu=$(command -v ncu || echo /usr/local/cuda-13.0/bin/ncu)
-  census=(--metrics gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread --csv --print-units base
-    --clock-control none)
   step census-new-256 60 "$ncu" "${census[@]}" "$new" "${fwd[@]}" --bench 1
   step census-old-256 60 "$ncu" "${census[@]}" "$old" "${fwd[@]}" --bench 1
   if [ -n "${CENSUS_ENV:-}" ]; then
