@@ -95,7 +95,7 @@ pub fn enabled() -> bool {
 }
 
 fn norm_enabled() -> bool {
-    enabled() && std::env::var_os("GLMCHECK_FUSED").is_none_or(|v| v != "no-norm")
+    std::env::var_os("GLMCHECK_FUSED").is_none_or(|v| v != "off" && v != "no-norm")
 }
 
 /// `scores` `[H, T, S]` (any of f32/f16/bf16, on CUDA), `mask` `[T, S]` f32 →
