@@ -357,16 +357,44 @@ __device__ __forceinline__ bool exact_sum(float a, float b, float & s) {
 }
 
 // A step's row scales into shared memory, by the whole block (thread tid: row tid % 64, half
-// tid / 64 of its sub-blocks), from the products decode32 forms (d·sc and dmin·m are exact: 11-bit
-// halves times 6-bit integers). Returns whether every Q4_K/Q5_K addend this thread wrote is exact
-// (always true for the other types).
-template <int T, typename Blk> __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
+// tid / 64 of its sub-blocks, warp-uniform), from the products decode32 forms (d·sc and dmin·m are
+// exact: 11-bit halves times 6-bit integers). Returns whether every Q4_K/Q5_K addend this thread
+// wrote is exact (always true for the other types).
+// WORDS (the default): a row's scale bytes are read as words, Q4_K/Q5_K's 16-byte header in one
+// 16-byte load where rows are aligned (8 consecutive rows, 44 words apart, hit 32 different banks),
+// the 6-bit scales and mins taken out four at a time as cuda/q8_moe.cu's step_scales does, and
+// written as float2 pairs (16 rows 18 words apart: no two on a bank). Else (GLMCHECK_DQ_SCALES=bytes,
+// the reading before, kept until timed against it) byte by byte, scale_min_k4's way; four rows
+// share each bank, so a warp's byte loads are 4-way conflicts. The same integers and floats either way.
+template <int T, bool ALIGNED, bool WORDS, typename Blk>
+__device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
     constexpr int RS = dq_row_scales<T>();
     const int r = tid % BM, h = tid / BM;
     const uint8_t * b = blk(r);
     float * out = rsc + r * RS;
     bool exact = true;
-    if constexpr (T == Q4_K || T == Q5_K) {
+    if constexpr ((T == Q4_K || T == Q5_K) && WORDS) {
+        uint32_t w, w0, w1, w2; // d, dmin | q[0..3] | q[4..7] | q[8..11]
+        if constexpr (ALIGNED) {
+            const uint4 v = *(const uint4 *) b;
+            w = v.x; w0 = v.y; w1 = v.z; w2 = v.w;
+        } else {
+            w = word(b); w0 = word(b + 4); w1 = word(b + 8); w2 = word(b + 12);
+        }
+        const float dall = __half2float(__ushort_as_half((unsigned short) (w & 0xFFFF)));
+        const float dmin = __half2float(__ushort_as_half((unsigned short) (w >> 16)));
+        // Sub-blocks j < 4: sc = q[j] & 63, m = q[j + 4] & 63; j >= 4: sc = q[j + 4] & 15 with q[j - 4]'s
+        // top two bits above, m = q[j + 4] >> 4 with q[j]'s top two bits above (scale_min_k4).
+        const uint32_t sc = h == 0 ? w0 & 0x3F3F3F3Fu : (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
+        const uint32_t m = h == 0 ? w1 & 0x3F3F3F3Fu : ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float d1 = dall * (int) ((sc >> 8 * i) & 0xFF), m1 = dmin * (int) ((m >> 8 * i) & 0xFF);
+            float c;
+            exact &= exact_sum(128.0f * d1, m1, c);
+            *(float2 *) (out + 2 * (4 * h + i)) = make_float2(256.0f * d1, -c);
+        }
+    } else if constexpr (T == Q4_K || T == Q5_K) {
         const float dall = h2f(b), dmin = h2f(b + 2);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -378,6 +406,15 @@ template <int T, typename Blk> __device__ __forceinline__ bool dq_scales(Blk blk
             exact &= exact_sum(128.0f * d1, m1, c);
             out[2 * s] = 256.0f * d1;
             out[2 * s + 1] = -c;
+        }
+    } else if constexpr (T == Q6_K && WORDS) {
+        const uint32_t s0 = word(b + 192 + 8 * h), s1 = word(b + 196 + 8 * h);
+        const float d = __half2float(__ushort_as_half((unsigned short) (word(b + 208) & 0xFFFF)));
+#pragma unroll
+        for (int i = 0; i < 8; i += 2) {
+            const uint32_t sw = i < 4 ? s0 : s1;
+            const int a = (int8_t) ((sw >> 8 * (i % 4)) & 0xFF), c = (int8_t) ((sw >> 8 * (i % 4 + 1)) & 0xFF);
+            *(float2 *) (out + 8 * h + i) = make_float2(256.0f * (d * a), 256.0f * (d * c));
         }
     } else if constexpr (T == Q6_K) {
         const float d = h2f(b + 208);
@@ -533,8 +570,8 @@ __device__ __forceinline__ void dq_step_live(int live, const uint8_t * const (&b
 }
 
 // As glmcheck_dqmm: y[j] = W[experts[z]] · x[src[j]] for the grouped rows j of active expert z.
-// Grid: (row tiles of 8·NT, n_out / 64, active experts).
-template <int T, int NT, bool ALIGNED, typename C>
+// Grid: (row tiles of 8·NT, n_out / 64, active experts). WORDS: dq_scales' reading of the scales.
+template <int T, int NT, bool ALIGNED, bool WORDS, typename C>
 __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes,
         const C * __restrict__ x, const int32_t * __restrict__ src,
@@ -612,7 +649,7 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         // with the previous step's scales.
         __syncthreads();
         // Whether every addend of the step is exact (block-uniform): the one-FMA decode.
-        const bool fma1 = __syncthreads_and(dq_scales<T>(blk, rsc, tid));
+        const bool fma1 = __syncthreads_and(dq_scales<T, ALIGNED, WORDS>(blk, rsc, tid));
         if (step + 1 < steps) {
             stage(buf ^ 1, step + 1);
         }
@@ -639,12 +676,12 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
     }
 }
 
-template <int T, int NT, bool ALIGNED, typename C>
+template <int T, int NT, bool ALIGNED, bool WORDS, typename C>
 int launch_mma(const void * w, long long expert_bytes, long long row_bytes, const void * x, const int32_t * src,
                const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in, int n_active,
                int max_rows, cudaStream_t stream) {
     const size_t shared = 2 * (BM * raw_pitch(T) + 8 * NT * XPB);
-    auto kernel = glmcheck_dqmma<T, NT, ALIGNED, C>;
+    auto kernel = glmcheck_dqmma<T, NT, ALIGNED, WORDS, C>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) shared) != cudaSuccess
         || cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                 (int) cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
@@ -657,14 +694,14 @@ int launch_mma(const void * w, long long expert_bytes, long long row_bytes, cons
 }
 
 // The register-decode kernel at tile width tn (8, 16 or 32 tokens; 0: by the busiest expert's rows).
-template <int T, bool ALIGNED, typename C>
+template <int T, bool ALIGNED, bool WORDS, typename C>
 int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_bytes, const void * x,
                   const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in,
                   int n_active, int max_rows, cudaStream_t stream) {
     if (tn == 0) {
         tn = max_rows <= 8 ? 8 : max_rows <= 16 ? 16 : 32;
     }
-#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
+#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, WORDS, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
                                                        k_in, n_active, max_rows, stream)
     switch (tn) {
         case 8: return GLMCHECK_DQMMA(1);
@@ -712,14 +749,20 @@ int launch_type(int ggml_type, int kernel, int tn, const void * w, long long exp
                 int n_out, int k_in, int n_active, int max_rows, cudaStream_t stream) {
     // Rows on 16-byte boundaries (Q4_K's and Q5_K's blocks are 144 and 176 bytes): plain word loads.
     const bool aligned = (uintptr_t) w % 16 == 0 && expert_bytes % 16 == 0 && row_bytes % 16 == 0;
-    if (kernel == 0) {
-#define GLMCHECK_MMA(Q, A) launch_mma_tn<Q, A, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
-                                                 k_in, n_active, max_rows, stream)
+    if (kernel == 0 || kernel == 2) {
+        // kernel 2: the scales read byte by byte (dq_scales' WORDS off; Q8_0 reads them one way)
+        const bool words = kernel == 0;
+#define GLMCHECK_MMA(Q, A, W) launch_mma_tn<Q, A, W, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
+                                                       n_out, k_in, n_active, max_rows, stream)
         switch (ggml_type) {
-            case Q4_K: return aligned ? GLMCHECK_MMA(Q4_K, true) : GLMCHECK_MMA(Q4_K, false);
-            case Q5_K: return aligned ? GLMCHECK_MMA(Q5_K, true) : GLMCHECK_MMA(Q5_K, false);
-            case Q6_K: return GLMCHECK_MMA(Q6_K, false);
-            case Q8_0: return GLMCHECK_MMA(Q8_0, false);
+            case Q4_K:
+                return aligned ? (words ? GLMCHECK_MMA(Q4_K, true, true) : GLMCHECK_MMA(Q4_K, true, false))
+                               : (words ? GLMCHECK_MMA(Q4_K, false, true) : GLMCHECK_MMA(Q4_K, false, false));
+            case Q5_K:
+                return aligned ? (words ? GLMCHECK_MMA(Q5_K, true, true) : GLMCHECK_MMA(Q5_K, true, false))
+                               : (words ? GLMCHECK_MMA(Q5_K, false, true) : GLMCHECK_MMA(Q5_K, false, false));
+            case Q6_K: return words ? GLMCHECK_MMA(Q6_K, false, true) : GLMCHECK_MMA(Q6_K, false, false);
+            case Q8_0: return GLMCHECK_MMA(Q8_0, false, true);
             default: break; // the shared-memory kernel below
         }
 #undef GLMCHECK_MMA
@@ -750,14 +793,15 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 // zlist: the active experts (indices into bounds/experts) this launch covers, n_active of them
 // (null: all, in order: one launch per tile width, the busy experts in a wider one);
 // y: [rows, n_out]. kernel 0: the register-decode kernel where it covers the type (Q4_K, Q5_K,
-// Q6_K, Q8_0; tn its tile width, 0 by the busiest expert), else and for kernel 1 the
-// shared-memory kernel glmcheck_dqmm.
+// Q6_K, Q8_0; tn its tile width, 0 by the busiest expert), kernel 2 the same with the scales read
+// byte by byte (GLMCHECK_DQ_SCALES=bytes, to time against), else and for kernel 1 the shared-memory
+// kernel glmcheck_dqmm.
 extern "C" int glmcheck_dequant_matmul(
         int ggml_type, int dtype, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes,
         const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y,
         int n_out, int k_in, int n_active, int max_rows, void * stream) {
     if (n_out % BM != 0 || k_in % KS != 0 || n_active <= 0 || n_active > 65535 || max_rows <= 0
-        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || (kernel != 0 && kernel != 1)) {
+        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || kernel < 0 || kernel > 2) {
         return 2;
     }
     const cudaStream_t s = (cudaStream_t) stream;

@@ -102,11 +102,21 @@ impl TiledKernel {
             .map_or(TiledKernel::Runs, |t| TiledKernel::Registers(Some(t)))
     }
 
-    /// The launcher's (kernel, tile width) codes.
+    /// The launcher's (kernel, tile width) codes. The register kernel reads a step's row scales as
+    /// words (code 0), or with `GLMCHECK_DQ_SCALES=bytes` byte by byte as before (code 2: the same
+    /// values, kept to time one reading against the other).
     fn codes(self) -> (i32, i32) {
+        static BYTES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let registers = if *BYTES
+            .get_or_init(|| std::env::var_os("GLMCHECK_DQ_SCALES").is_some_and(|v| v == "bytes"))
+        {
+            2
+        } else {
+            0
+        };
         match self {
-            TiledKernel::Registers(tile) => (0, tile.map_or(0, i32::from)),
-            TiledKernel::Runs => (0, 0),
+            TiledKernel::Registers(tile) => (registers, tile.map_or(0, i32::from)),
+            TiledKernel::Runs => (registers, 0),
             TiledKernel::Shared => (1, 0),
         }
     }
