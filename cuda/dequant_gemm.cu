@@ -360,12 +360,13 @@ __device__ __forceinline__ bool exact_sum(float a, float b, float & s) {
 // tid / 64 of its sub-blocks, warp-uniform), from the products decode32 forms (d·sc and dmin·m are
 // exact: 11-bit halves times 6-bit integers). Returns whether every Q4_K/Q5_K addend this thread
 // wrote is exact (always true for the other types).
-// WORDS (the default): a row's scale bytes are read as words, Q4_K/Q5_K's 16-byte header in one
-// 16-byte load where rows are aligned (8 consecutive rows, 44 words apart, hit 32 different banks),
-// the 6-bit scales and mins taken out four at a time as cuda/q8_moe.cu's step_scales does, and
-// written as float2 pairs (16 rows 18 words apart: no two on a bank). Else (GLMCHECK_DQ_SCALES=bytes,
-// the reading before, kept until timed against it) byte by byte, scale_min_k4's way; four rows
-// share each bank, so a warp's byte loads are 4-way conflicts. The same integers and floats either way.
+// The default reads a row's scale bytes one by one, scale_min_k4's way: four rows of a warp share
+// each bank, so its byte loads are 4-way conflicts. WORDS (GLMCHECK_DQ_SCALES=words; written, not
+// yet run on a GPU: opt-in until its device test and a timing have) reads them as words, Q4_K/Q5_K's
+// 16-byte header in one 16-byte load where rows are aligned (8 consecutive rows, 44 words apart,
+// hit 32 different banks), takes the 6-bit scales and mins out four at a time as cuda/q8_moe.cu's
+// step_scales does, and writes float2 pairs (16 rows 18 words apart: no two on a bank). The same
+// integers and floats either way.
 template <int T, bool ALIGNED, bool WORDS, typename Blk>
 __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
     constexpr int RS = dq_row_scales<T>();
@@ -750,8 +751,8 @@ int launch_type(int ggml_type, int kernel, int tn, const void * w, long long exp
     // Rows on 16-byte boundaries (Q4_K's and Q5_K's blocks are 144 and 176 bytes): plain word loads.
     const bool aligned = (uintptr_t) w % 16 == 0 && expert_bytes % 16 == 0 && row_bytes % 16 == 0;
     if (kernel == 0 || kernel == 2) {
-        // kernel 2: the scales read byte by byte (dq_scales' WORDS off; Q8_0 reads them one way)
-        const bool words = kernel == 0;
+        // kernel 2: the scales read as words (dq_scales' WORDS; Q8_0 reads them one way)
+        const bool words = kernel == 2;
 #define GLMCHECK_MMA(Q, A, W) launch_mma_tn<Q, A, W, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
                                                        n_out, k_in, n_active, max_rows, stream)
         switch (ggml_type) {
@@ -794,8 +795,8 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 // (null: all, in order: one launch per tile width, the busy experts in a wider one);
 // y: [rows, n_out]. kernel 0: the register-decode kernel where it covers the type (Q4_K, Q5_K,
 // Q6_K, Q8_0; tn its tile width, 0 by the busiest expert), kernel 2 the same with the scales read
-// byte by byte (GLMCHECK_DQ_SCALES=bytes, to time against), else and for kernel 1 the shared-memory
-// kernel glmcheck_dqmm.
+// as words (GLMCHECK_DQ_SCALES=words, opt-in until it has run on a GPU), else and for kernel 1 the
+// shared-memory kernel glmcheck_dqmm.
 extern "C" int glmcheck_dequant_matmul(
         int ggml_type, int dtype, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes,
         const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y,

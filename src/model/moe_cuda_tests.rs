@@ -30,9 +30,10 @@ const TILED_TYPES: [GgmlDType; 6] = [
 ];
 
 /// Both tiled kernels, the register kernel at each tile width, by the cost model and in tile runs.
-const TILED_KERNELS: [TiledKernel; 6] = [
+const TILED_KERNELS: [TiledKernel; 7] = [
     TiledKernel::Registers(None),
     TiledKernel::Runs,
+    TiledKernel::RunsWords,
     TiledKernel::Registers(Some(8)),
     TiledKernel::Registers(Some(16)),
     TiledKernel::Registers(Some(32)),
