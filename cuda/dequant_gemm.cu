@@ -360,21 +360,21 @@ __device__ __forceinline__ bool exact_sum(float a, float b, float & s) {
 // tid / 64 of its sub-blocks, warp-uniform), from the products decode32 forms (d·sc and dmin·m are
 // exact: 11-bit halves times 6-bit integers). Returns whether every Q4_K/Q5_K addend this thread
 // wrote is exact (always true for the other types).
-// The default reads a row's scale bytes one by one, scale_min_k4's way: four rows of a warp share
-// each bank, so its byte loads are 4-way conflicts. WORDS (GLMCHECK_DQ_SCALES=words; written, not
-// yet run on a GPU: opt-in until its device test and a timing have) reads them as words, Q4_K/Q5_K's
-// 16-byte header in one 16-byte load where rows are aligned (8 consecutive rows, 44 words apart,
-// hit 32 different banks), takes the 6-bit scales and mins out four at a time as cuda/q8_moe.cu's
-// step_scales does, and writes float2 pairs (16 rows 18 words apart: no two on a bank). The same
-// integers and floats either way.
-template <int T, bool ALIGNED, bool WORDS, typename Blk>
+// A row's scale bytes are read as words, Q4_K/Q5_K's 16-byte header in one 16-byte load where rows
+// are aligned (8 consecutive rows, 44 words apart, hit 32 different banks), the 6-bit scales and
+// mins taken out four at a time as cuda/q8_moe.cu's step_scales does, and written as float2 pairs
+// (16 rows 18 words apart: no two on a bank). Byte by byte (scale_min_k4's way, until 2026-12-06) a
+// warp's loads were 4-way bank conflicts (four of its rows share each bank): the same values, and
+// on an H200 the Q4_K expert launches 3200 → 3040 µs (16 wide) and 1231 → 1147 (32 wide) at 256
+// tokens; Q6_K's (unaligned rows, word() reads) 854 → 867 and 285 → 283 (reports/gpu-moe.md, build V).
+template <int T, bool ALIGNED, typename Blk>
 __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
     constexpr int RS = dq_row_scales<T>();
     const int r = tid % BM, h = tid / BM;
     const uint8_t * b = blk(r);
     float * out = rsc + r * RS;
     bool exact = true;
-    if constexpr ((T == Q4_K || T == Q5_K) && WORDS) {
+    if constexpr (T == Q4_K || T == Q5_K) {
         uint32_t w, w0, w1, w2; // d, dmin | q[0..3] | q[4..7] | q[8..11]
         if constexpr (ALIGNED) {
             const uint4 v = *(const uint4 *) b;
@@ -395,20 +395,7 @@ __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
             exact &= exact_sum(128.0f * d1, m1, c);
             *(float2 *) (out + 2 * (4 * h + i)) = make_float2(256.0f * d1, -c);
         }
-    } else if constexpr (T == Q4_K || T == Q5_K) {
-        const float dall = h2f(b), dmin = h2f(b + 2);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int s = 4 * h + i;
-            int sc, m;
-            scale_min_k4(s, b + 4, sc, m);
-            const float d1 = dall * sc, m1 = dmin * m;
-            float c;
-            exact &= exact_sum(128.0f * d1, m1, c);
-            out[2 * s] = 256.0f * d1;
-            out[2 * s + 1] = -c;
-        }
-    } else if constexpr (T == Q6_K && WORDS) {
+    } else if constexpr (T == Q6_K) {
         const uint32_t s0 = word(b + 192 + 8 * h), s1 = word(b + 196 + 8 * h);
         const float d = __half2float(__ushort_as_half((unsigned short) (word(b + 208) & 0xFFFF)));
 #pragma unroll
@@ -416,13 +403,6 @@ __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
             const uint32_t sw = i < 4 ? s0 : s1;
             const int a = (int8_t) ((sw >> 8 * (i % 4)) & 0xFF), c = (int8_t) ((sw >> 8 * (i % 4 + 1)) & 0xFF);
             *(float2 *) (out + 8 * h + i) = make_float2(256.0f * (d * a), 256.0f * (d * c));
-        }
-    } else if constexpr (T == Q6_K) {
-        const float d = h2f(b + 208);
-        const int8_t * sc = (const int8_t *) (b + 192);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            out[8 * h + i] = 256.0f * (d * sc[8 * h + i]);
         }
     } else {
 #pragma unroll
@@ -571,8 +551,8 @@ __device__ __forceinline__ void dq_step_live(int live, const uint8_t * const (&b
 }
 
 // As glmcheck_dqmm: y[j] = W[experts[z]] · x[src[j]] for the grouped rows j of active expert z.
-// Grid: (row tiles of 8·NT, n_out / 64, active experts). WORDS: dq_scales' reading of the scales.
-template <int T, int NT, bool ALIGNED, bool WORDS, typename C>
+// Grid: (row tiles of 8·NT, n_out / 64, active experts).
+template <int T, int NT, bool ALIGNED, typename C>
 __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes,
         const C * __restrict__ x, const int32_t * __restrict__ src,
@@ -650,7 +630,7 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         // with the previous step's scales.
         __syncthreads();
         // Whether every addend of the step is exact (block-uniform): the one-FMA decode.
-        const bool fma1 = __syncthreads_and(dq_scales<T, ALIGNED, WORDS>(blk, rsc, tid));
+        const bool fma1 = __syncthreads_and(dq_scales<T, ALIGNED>(blk, rsc, tid));
         if (step + 1 < steps) {
             stage(buf ^ 1, step + 1);
         }
@@ -677,12 +657,12 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
     }
 }
 
-template <int T, int NT, bool ALIGNED, bool WORDS, typename C>
+template <int T, int NT, bool ALIGNED, typename C>
 int launch_mma(const void * w, long long expert_bytes, long long row_bytes, const void * x, const int32_t * src,
                const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in, int n_active,
                int max_rows, cudaStream_t stream) {
     const size_t shared = 2 * (BM * raw_pitch(T) + 8 * NT * XPB);
-    auto kernel = glmcheck_dqmma<T, NT, ALIGNED, WORDS, C>;
+    auto kernel = glmcheck_dqmma<T, NT, ALIGNED, C>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) shared) != cudaSuccess
         || cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                 (int) cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
@@ -695,14 +675,14 @@ int launch_mma(const void * w, long long expert_bytes, long long row_bytes, cons
 }
 
 // The register-decode kernel at tile width tn (8, 16 or 32 tokens; 0: by the busiest expert's rows).
-template <int T, bool ALIGNED, bool WORDS, typename C>
+template <int T, bool ALIGNED, typename C>
 int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_bytes, const void * x,
                   const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in,
                   int n_active, int max_rows, cudaStream_t stream) {
     if (tn == 0) {
         tn = max_rows <= 8 ? 8 : max_rows <= 16 ? 16 : 32;
     }
-#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, WORDS, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
+#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
                                                        k_in, n_active, max_rows, stream)
     switch (tn) {
         case 8: return GLMCHECK_DQMMA(1);
@@ -750,20 +730,14 @@ int launch_type(int ggml_type, int kernel, int tn, const void * w, long long exp
                 int n_out, int k_in, int n_active, int max_rows, cudaStream_t stream) {
     // Rows on 16-byte boundaries (Q4_K's and Q5_K's blocks are 144 and 176 bytes): plain word loads.
     const bool aligned = (uintptr_t) w % 16 == 0 && expert_bytes % 16 == 0 && row_bytes % 16 == 0;
-    if (kernel == 0 || kernel == 2) {
-        // kernel 2: the scales read as words (dq_scales' WORDS; Q8_0 reads them one way)
-        const bool words = kernel == 2;
-#define GLMCHECK_MMA(Q, A, W) launch_mma_tn<Q, A, W, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
-                                                       n_out, k_in, n_active, max_rows, stream)
+    if (kernel == 0) {
+#define GLMCHECK_MMA(Q, A) launch_mma_tn<Q, A, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
+                                                 k_in, n_active, max_rows, stream)
         switch (ggml_type) {
-            case Q4_K:
-                return aligned ? (words ? GLMCHECK_MMA(Q4_K, true, true) : GLMCHECK_MMA(Q4_K, true, false))
-                               : (words ? GLMCHECK_MMA(Q4_K, false, true) : GLMCHECK_MMA(Q4_K, false, false));
-            case Q5_K:
-                return aligned ? (words ? GLMCHECK_MMA(Q5_K, true, true) : GLMCHECK_MMA(Q5_K, true, false))
-                               : (words ? GLMCHECK_MMA(Q5_K, false, true) : GLMCHECK_MMA(Q5_K, false, false));
-            case Q6_K: return words ? GLMCHECK_MMA(Q6_K, false, true) : GLMCHECK_MMA(Q6_K, false, false);
-            case Q8_0: return GLMCHECK_MMA(Q8_0, false, true);
+            case Q4_K: return aligned ? GLMCHECK_MMA(Q4_K, true) : GLMCHECK_MMA(Q4_K, false);
+            case Q5_K: return aligned ? GLMCHECK_MMA(Q5_K, true) : GLMCHECK_MMA(Q5_K, false);
+            case Q6_K: return GLMCHECK_MMA(Q6_K, false);
+            case Q8_0: return GLMCHECK_MMA(Q8_0, false);
             default: break; // the shared-memory kernel below
         }
 #undef GLMCHECK_MMA
@@ -794,15 +768,14 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 // zlist: the active experts (indices into bounds/experts) this launch covers, n_active of them
 // (null: all, in order: one launch per tile width, the busy experts in a wider one);
 // y: [rows, n_out]. kernel 0: the register-decode kernel where it covers the type (Q4_K, Q5_K,
-// Q6_K, Q8_0; tn its tile width, 0 by the busiest expert), kernel 2 the same with the scales read
-// as words (GLMCHECK_DQ_SCALES=words, opt-in until it has run on a GPU), else and for kernel 1 the
+// Q6_K, Q8_0; tn its tile width, 0 by the busiest expert), else and for kernel 1 the
 // shared-memory kernel glmcheck_dqmm.
 extern "C" int glmcheck_dequant_matmul(
         int ggml_type, int dtype, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes,
         const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y,
         int n_out, int k_in, int n_active, int max_rows, void * stream) {
     if (n_out % BM != 0 || k_in % KS != 0 || n_active <= 0 || n_active > 65535 || max_rows <= 0
-        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || kernel < 0 || kernel > 2) {
+        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || (kernel != 0 && kernel != 1)) {
         return 2;
     }
     const cudaStream_t s = (cudaStream_t) stream;
@@ -816,9 +789,10 @@ extern "C" int glmcheck_dequant_matmul(
 }
 
 // ---- Whole tensors decoded into device memory with the same decoders ------------------------------
-// A warp takes 32 consecutive 32-value sub-blocks (four 256-value groups): it copies their bytes into
-// shared memory as aligned words (coalesced; never a word past the tensor's last byte), each lane
-// decodes one sub-block into a staging tile, and the warp writes the 1024 values out contiguously.
+// A warp takes 32 consecutive 32-value sub-blocks (four 256-value groups) at a time: their bytes go
+// through its registers into shared memory as aligned words (coalesced; never a word past the
+// tensor's last byte), each lane decodes one sub-block into a staging tile, and the warp writes the
+// 1024 values out contiguously.
 
 namespace {
 
@@ -834,48 +808,11 @@ template <> __device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16 
     *(uint2 *) y = make_uint2(pack2<__nv_bfloat16>(f.x, f.y), pack2<__nv_bfloat16>(f.z, f.w));
 }
 
-template <int T, typename O>
-__global__ void __launch_bounds__(32 * DW) glmcheck_decode_whole_k(const uint8_t * __restrict__ x,
-                                                                    O * __restrict__ y, long long n_groups) {
-    constexpr int B = bytes_256(T), RAW = (4 * B + 4 + 3) / 4 + 4; // words: 4 groups + misalignment + slack
-    constexpr int PITCH = 36;                                       // floats per staged sub-block
-    __shared__ uint32_t raw[DW][RAW];
-    __shared__ __align__(16) float st[DW][32 * PITCH];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const long long g0 = ((long long) blockIdx.x * DW + warp) * 4; // first 256-value group
-    if (g0 >= n_groups) {
-        return;
-    }
-    const int groups = (int) min(4LL, n_groups - g0);
-    const uintptr_t start = (uintptr_t) (x + g0 * B), end = start + (uintptr_t) groups * B;
-    const uint32_t * w0 = (const uint32_t *) (start & ~(uintptr_t) 3);
-    const int words = (int) (((end + 3) & ~(uintptr_t) 3) - (uintptr_t) w0) / 4;
-    for (int i = lane; i < words; i += 32) {
-        raw[warp][i] = w0[i];
-    }
-    __syncwarp();
-    const uint8_t * base = (const uint8_t *) raw[warp] + (start & 3);
-    float * s = st[warp];
-    if (lane < 8 * groups) {
-        float v[32];
-        decode32<T>(base + (lane / 8) * B, lane % 8, v);
-        float4 * d = (float4 *) (s + lane * PITCH);
-#pragma unroll
-        for (int q = 0; q < 8; ++q) {
-            d[q] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
-        }
-    }
-    __syncwarp();
-    O * out = y + g0 * 256;
-    for (int e = 4 * lane; e < 256 * groups; e += 128) {
-        store4<O>(out + e, *(const float4 *) (s + (e / 32) * PITCH + e % 32));
-    }
-}
-
-// One warp per batch of four 256-value groups, batches g0, g0 + stride, ... (stride: the grid's
-// warps × 4 groups): the next batch's words are loaded into registers before the current one is
-// decoded, so a warp's global loads overlap its decoding. Opt-in (`GLMCHECK_DECODE_WHOLE=loop`), written
-// and device-tested but not yet timed: glmcheck_decode_whole_k stays the default until it is.
+// The grid's resident warps loop over the batches g0, g0 + stride, ... (stride: the grid's warps ×
+// 4 groups), each batch's words loaded into registers before the previous one is decoded, so a
+// warp's global loads overlap its decoding. Against one warp per batch that loaded, decoded and
+// exited (until 2026-12-06): the same bits, and on an H200 lm_head's Q6_K decode 1274 → 841 µs,
+// Q4_K 499 → 380, Q5_K 386 → 283 at 256 tokens of the 3-layer synth (reports/gpu-moe.md, build V).
 template <int T, typename O>
 __global__ void __launch_bounds__(32 * DW) glmcheck_decode_loop_k(const uint8_t * __restrict__ x,
                                                                     O * __restrict__ y, long long n_groups) {
@@ -941,12 +878,12 @@ __global__ void __launch_bounds__(32 * DW) glmcheck_decode_loop_k(const uint8_t 
     }
 }
 
-// Blocks of the loop kernel: as many as the device holds at once (persistent = 1), or at most
-// `persistent` (> 1: tests make warps loop on small tensors); fewer when there are fewer batches.
-template <int T, typename O> long long decode_blocks(long long n_groups, int persistent) {
+// Blocks of the loop kernel: as many as the device holds at once (max_blocks = 0), or at most
+// max_blocks (tests make warps loop on small tensors); fewer when there are fewer batches.
+template <int T, typename O> long long decode_blocks(long long n_groups, int max_blocks) {
     const long long all = (n_groups + 4 * DW - 1) / (4 * DW);
-    if (persistent > 1) {
-        return min(all, (long long) persistent);
+    if (max_blocks > 0) {
+        return min(all, (long long) max_blocks);
     }
     static int resident = 0; // blocks the device holds at once (per type and output; the device does not change)
     if (resident == 0) {
@@ -964,34 +901,23 @@ template <int T, typename O> long long decode_blocks(long long n_groups, int per
 }
 
 template <int T>
-int decode_whole(int dtype, const void * x, void * y, long long n_groups, int persistent, cudaStream_t s) {
+int decode_whole(int dtype, const void * x, void * y, long long n_groups, int max_blocks, cudaStream_t s) {
     const uint8_t * xb = (const uint8_t *) x;
-    if (persistent > 0) {
-        long long blocks = 0;
-        switch (dtype) {
-            case 0: blocks = decode_blocks<T, float>(n_groups, persistent); break;
-            case 1: blocks = decode_blocks<T, half>(n_groups, persistent); break;
-            case 2: blocks = decode_blocks<T, __nv_bfloat16>(n_groups, persistent); break;
-            default: return 1;
-        }
-        switch (dtype) {
-            case 0: glmcheck_decode_loop_k<T, float><<<(unsigned) blocks, 32 * DW, 0, s>>>(xb, (float *) y, n_groups); break;
-            case 1: glmcheck_decode_loop_k<T, half><<<(unsigned) blocks, 32 * DW, 0, s>>>(xb, (half *) y, n_groups); break;
-            default: glmcheck_decode_loop_k<T, __nv_bfloat16><<<(unsigned) blocks, 32 * DW, 0, s>>>(
-                        xb, (__nv_bfloat16 *) y, n_groups); break;
-        }
-        return cudaGetLastError() == cudaSuccess ? 0 : 3;
+    long long blocks = 0;
+    switch (dtype) {
+        case 0: blocks = decode_blocks<T, float>(n_groups, max_blocks); break;
+        case 1: blocks = decode_blocks<T, half>(n_groups, max_blocks); break;
+        case 2: blocks = decode_blocks<T, __nv_bfloat16>(n_groups, max_blocks); break;
+        default: return 1;
     }
-    const long long blocks = (n_groups + 4 * DW - 1) / (4 * DW);
     if (blocks > 0x7fffffffLL) {
         return 2;
     }
     switch (dtype) {
-        case 0: glmcheck_decode_whole_k<T, float><<<(unsigned) blocks, 32 * DW, 0, s>>>(xb, (float *) y, n_groups); break;
-        case 1: glmcheck_decode_whole_k<T, half><<<(unsigned) blocks, 32 * DW, 0, s>>>(xb, (half *) y, n_groups); break;
-        case 2: glmcheck_decode_whole_k<T, __nv_bfloat16><<<(unsigned) blocks, 32 * DW, 0, s>>>(
+        case 0: glmcheck_decode_loop_k<T, float><<<(unsigned) blocks, 32 * DW, 0, s>>>(xb, (float *) y, n_groups); break;
+        case 1: glmcheck_decode_loop_k<T, half><<<(unsigned) blocks, 32 * DW, 0, s>>>(xb, (half *) y, n_groups); break;
+        default: glmcheck_decode_loop_k<T, __nv_bfloat16><<<(unsigned) blocks, 32 * DW, 0, s>>>(
                     xb, (__nv_bfloat16 *) y, n_groups); break;
-        default: return 1;
     }
     return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
@@ -999,23 +925,23 @@ int decode_whole(int dtype, const void * x, void * y, long long n_groups, int pe
 } // namespace
 
 // n_values (a multiple of 256) of a tensor of `ggml_type` blocks at x, decoded into y: dtype 0 f32,
-// 1 f16, 2 bf16; persistent 0: one warp per batch (glmcheck_decode_whole_k), 1: the loop kernel on as
-// many blocks as the device holds at once, N > 1: the loop kernel on at most N blocks. Returns 0 when
-// launched; 1: no kernel for the type or dtype; 2: a shape it does not take; 3: CUDA refused the launch.
+// 1 f16, 2 bf16; max_blocks 0: on as many blocks as the device holds at once, N > 0: on at most N.
+// Returns 0 when launched; 1: no kernel for the type or dtype; 2: a shape it does not take; 3: CUDA
+// refused the launch.
 extern "C" int glmcheck_decode_whole(int ggml_type, int dtype, const void * x, void * y, long long n_values,
-                                     int persistent, void * stream) {
+                                     int max_blocks, void * stream) {
     if (n_values <= 0 || n_values % 256 != 0) {
         return 2;
     }
     const long long g = n_values / 256;
     const cudaStream_t s = (cudaStream_t) stream;
     switch (ggml_type) {
-        case Q4_0: return decode_whole<Q4_0>(dtype, x, y, g, persistent, s);
-        case Q5_0: return decode_whole<Q5_0>(dtype, x, y, g, persistent, s);
-        case Q8_0: return decode_whole<Q8_0>(dtype, x, y, g, persistent, s);
-        case Q4_K: return decode_whole<Q4_K>(dtype, x, y, g, persistent, s);
-        case Q5_K: return decode_whole<Q5_K>(dtype, x, y, g, persistent, s);
-        case Q6_K: return decode_whole<Q6_K>(dtype, x, y, g, persistent, s);
+        case Q4_0: return decode_whole<Q4_0>(dtype, x, y, g, max_blocks, s);
+        case Q5_0: return decode_whole<Q5_0>(dtype, x, y, g, max_blocks, s);
+        case Q8_0: return decode_whole<Q8_0>(dtype, x, y, g, max_blocks, s);
+        case Q4_K: return decode_whole<Q4_K>(dtype, x, y, g, max_blocks, s);
+        case Q5_K: return decode_whole<Q5_K>(dtype, x, y, g, max_blocks, s);
+        case Q6_K: return decode_whole<Q6_K>(dtype, x, y, g, max_blocks, s);
         default: return 1;
     }
 }

@@ -17,16 +17,9 @@ extern "C" {
         x: *const std::ffi::c_void,
         y: *mut std::ffi::c_void,
         n_values: i64,
-        persistent: i32,
+        max_blocks: i32,
         stream: *mut std::ffi::c_void,
     ) -> i32;
-}
-
-/// Which decoder runs: one warp per 1024 values (the default), or with `GLMCHECK_DECODE_WHOLE=loop`
-/// the loop kernel on as many blocks as the device holds, each warp looping over its batches with
-/// the next one's loads in flight (opt-in: device-tested, not yet timed).
-fn persistent() -> i32 {
-    i32::from(std::env::var_os("GLMCHECK_DECODE_WHOLE").is_some_and(|v| v == "loop"))
 }
 
 /// The quant types glmcheck's kernels are built for (the grouped MMQ kernel, the expert decoder),
@@ -58,12 +51,12 @@ pub(crate) fn tiled_type(t: GgmlDType) -> Option<i32> {
 /// `q` decoded on its CUDA device into `dtype` (f32, f16 or bf16), its shape kept; `None` where the
 /// kernel does not apply (another quant type or device, a size not a multiple of 256 values).
 pub fn decode(q: &QTensor, dtype: DType) -> Result<Option<Tensor>> {
-    decode_grid(q, dtype, persistent())
+    decode_grid(q, dtype, 0)
 }
 
-/// [`decode`] by the kernel and grid `grid` says: 0 one warp per 1024 values, 1 the loop kernel on
-/// as many blocks as the device holds at once, N > 1 the loop kernel on at most N blocks (tests:
-/// warps that loop over many batches).
+/// [`decode`] on the grid `grid` says: 0 as many blocks as the device holds at once (each warp
+/// loops over its batches of 1024 values, the next one's loads in flight), N > 0 at most N blocks
+/// (tests: warps that loop over many batches).
 pub(crate) fn decode_grid(q: &QTensor, dtype: DType, grid: i32) -> Result<Option<Tensor>> {
     let elems = q.shape().elem_count();
     let code = match dtype {

@@ -81,17 +81,14 @@ pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
 pub enum TiledKernel {
     Registers(Option<u8>),
     Runs,
-    /// `Runs` with a step's row scales read as words (`GLMCHECK_DQ_SCALES=words`): the same values;
-    /// opt-in until it has run on a GPU and been timed against `Runs`' byte-by-byte reading.
-    RunsWords,
     Shared,
 }
 
 impl TiledKernel {
     /// The default (tile runs), or `GLMCHECK_DEQUANT_EXPERTS=smem` (the shared-memory kernel),
     /// `GLMCHECK_DEQUANT_EXPERTS=one` (the register kernel in one launch at the cost model's
-    /// tile), `GLMCHECK_DEQUANT_TILE=8|16|32` (one launch at that tile width) and
-    /// `GLMCHECK_DQ_SCALES=words` (`RunsWords`), kept to measure one against the other.
+    /// tile) and `GLMCHECK_DEQUANT_TILE=8|16|32` (one launch at that tile width), kept to measure
+    /// one against the other.
     pub fn from_env() -> TiledKernel {
         match std::env::var_os("GLMCHECK_DEQUANT_EXPERTS") {
             Some(v) if v == "smem" => return TiledKernel::Shared,
@@ -102,16 +99,7 @@ impl TiledKernel {
             .ok()
             .and_then(|v| v.parse::<u8>().ok())
             .filter(|t| matches!(t, 8 | 16 | 32))
-            .map_or_else(
-                || {
-                    if std::env::var_os("GLMCHECK_DQ_SCALES").is_some_and(|v| v == "words") {
-                        TiledKernel::RunsWords
-                    } else {
-                        TiledKernel::Runs
-                    }
-                },
-                |t| TiledKernel::Registers(Some(t)),
-            )
+            .map_or(TiledKernel::Runs, |t| TiledKernel::Registers(Some(t)))
     }
 
     /// The launcher's (kernel, tile width) codes.
@@ -119,7 +107,6 @@ impl TiledKernel {
         match self {
             TiledKernel::Registers(tile) => (0, tile.map_or(0, i32::from)),
             TiledKernel::Runs => (0, 0),
-            TiledKernel::RunsWords => (2, 0),
             TiledKernel::Shared => (1, 0),
         }
     }
@@ -247,7 +234,7 @@ impl DequantMatmul<'_> {
     ) -> Result<Vec<(*const i32, i32, i32, i32)>> {
         let all = |tile: usize| vec![(std::ptr::null(), g.active(), tile, g.max_rows())];
         let runs: Vec<(*const i32, usize, usize, usize)> = match self.kernel {
-            TiledKernel::Runs | TiledKernel::RunsWords => g
+            TiledKernel::Runs => g
                 .tile_runs(32)
                 .into_iter()
                 .map(|r| {

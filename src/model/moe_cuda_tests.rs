@@ -30,10 +30,9 @@ const TILED_TYPES: [GgmlDType; 6] = [
 ];
 
 /// Both tiled kernels, the register kernel at each tile width, by the cost model and in tile runs.
-const TILED_KERNELS: [TiledKernel; 7] = [
+const TILED_KERNELS: [TiledKernel; 6] = [
     TiledKernel::Registers(None),
     TiledKernel::Runs,
-    TiledKernel::RunsWords,
     TiledKernel::Registers(Some(8)),
     TiledKernel::Registers(Some(16)),
     TiledKernel::Registers(Some(32)),
@@ -210,8 +209,8 @@ fn the_whole_tensor_decoder_equals_candles_bit_for_bit() -> Result<()> {
             (DType::BF16, f32_ref.to_dtype(DType::BF16)?),
         ];
         for (dtype, want) in wants {
-            // both kernels: one warp per batch (0), the loop kernel on the device's resident
-            // blocks (1) and on 2 or 3 blocks whose warps loop over the 19 batches (the last short)
+            // on the device's resident blocks (0) and on 1, 2 or 3 blocks whose warps loop over
+            // the 19 batches (the last short)
             for grid in [0, 1, 2, 3] {
                 let got = crate::gguf::cuda_decode::decode_grid(&q, dtype, grid)?
                     .unwrap_or_else(|| panic!("{qt:?} {dtype:?} not covered"));
