@@ -1,7 +1,9 @@
 # Sourced by the single-call device scripts (tools/device_*_check.sh, device_moe_grouped.sh,
 # device_kernel_profile.sh, device_ncu_kernel.sh) once `out` (the result dir, absolute) is set: the driver's libcuda on the
 # library path, the GPU (gpu.txt) and GLMCHECK_COMMIT (commit.txt) written into OUTDIR, OUTDIR
-# packed into $OUT/x.tar.xz at exit when OUT is set, and
+# packed into $OUT/$PACK_NAME.tar.xz (PACK_NAME default x; set it apart for each script of one call:
+# the device tool returns a limited count of files, one archive per script comes back) at exit when
+# OUT is set, and
 # `step NAME MAX_S CMD…`: stdout → NAME.json, stderr → NAME.log, rc and seconds → rc.txt (capped by
 # DEADLINE when T0 is set), and
 # `ab_forwards OLD NEW ROUNDS FORWARD_ARGS…`: an OLD-vs-NEW pair on the same forward (see below), and
@@ -11,7 +13,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRAR
 ncu=$(command -v ncu || echo /usr/local/cuda-13.0/bin/ncu)
 census=(--metrics gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread --csv --print-units base
   --clock-control none)
-pack() { [ -n "${OUT:-}" ] && tar -C "$(dirname "$out")" -cJf "$OUT/x.tar.xz" "$(basename "$out")"; }
+pack() { [ -n "${OUT:-}" ] && tar -C "$(dirname "$out")" -cJf "$OUT/${PACK_NAME:-x}.tar.xz" "$(basename "$out")"; }
 trap pack EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader > "$out/gpu.txt" 2>&1
 echo "${GLMCHECK_COMMIT:-unknown}" > "$out/commit.txt"

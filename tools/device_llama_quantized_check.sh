@@ -10,7 +10,8 @@
 #  4. q8 mode: the int8 expert kernel's forward against llama.cpp's MMQ (GLMCHECK_Q8_EXPERTS=mmq);
 #  5. --bench 5 at 16 and 256 tokens, both modes.
 # Usage: tools/device_llama_quantized_check.sh GLMCHECK OUTDIR   Env: WORK (default /tmp/gpub), PEERS
-# Packs OUTDIR into $OUT/x.tar.xz when OUT is set.
+# Packs OUTDIR into $OUT/$PACK_NAME.tar.xz (default x) when OUT is set: after another script of the
+# same call, set PACK_NAME=lq (say) so that neither archive replaces the other.
 set -uo pipefail
 bin=$(readlink -f "$1"); out=$2; mkdir -p "$out"; out=$(readlink -f "$out")
 work=${WORK:-/tmp/gpub}; mkdir -p "$work"; peers=$(readlink -f "${PEERS:-target-cuda/bin}")
@@ -25,6 +26,14 @@ if [ ! -x "$lq" ]; then
   step lq-build 300 cmake --build "$work/lq/build" --target llama-quantize -j 16
 fi
 q8=$work/q8_0-2.gguf; model=$work/llama-q4_k_m-2.gguf
+# The q8_0 synth and its requantization need ~20 GB. After tools/device_gpu_bench.sh on the same warm
+# machine the work dir holds its HF export (~45 GB of a 64 GB disk; remade by the next pair, which
+# exports again without its .done marker): removed when the disk would not hold both files.
+need=$((20 * 1000 * 1000 * 1000)); avail=$(df --output=avail -B1 "$work" | tail -1)
+if [ ! -f "$model" ] && [ "$avail" -lt "$need" ] && [ -d "$work/hf" ]; then
+  echo "work fs avail $avail B < $need B: removing the HF export $work/hf" >> "$out/rc.txt"
+  rm -rf "$work/hf"
+fi
 [ -f "$q8" ] || step synth 200 "$bin" synth --dims glm5 --layers 2 --qtype q8_0 --out "$q8" --force --json
 [ -f "$model" ] || step quantize 300 "$lq" --allow-requantize "$q8" "$model" Q4_K_M
 step inspect 60 "$bin" inspect "$model" --json
