@@ -361,8 +361,8 @@ __device__ __forceinline__ bool exact_sum(float a, float b, float & s) {
 // exact: 11-bit halves times 6-bit integers). Returns whether every Q4_K/Q5_K addend this thread
 // wrote is exact (always true for the other types).
 // A row's scale bytes are read as words, Q4_K/Q5_K's 16-byte header in one 16-byte load where rows
-// are aligned (8 consecutive rows, 44 words apart, hit 32 different banks), the 6-bit scales and
-// mins taken out four at a time as cuda/q8_moe.cu's step_scales does, and written as float2 pairs
+// are aligned (8 consecutive rows, 44 (Q4_K) or 52 (Q5_K) words apart, hit 32 different banks), the
+// 6-bit scales and mins taken out four at a time as cuda/q8_moe.cu's step_scales does, and written as float2 pairs
 // (16 rows 18 words apart: no two on a bank). Byte by byte (scale_min_k4's way, until 2026-12-06) a
 // warp's loads were 4-way bank conflicts (four of its rows share each bank): the same values, and
 // on an H200 the Q4_K expert launches 3200 → 3040 µs (16 wide) and 1231 → 1147 (32 wide) at 256
@@ -885,19 +885,31 @@ template <int T, typename O> long long decode_blocks(long long n_groups, int max
     if (max_blocks > 0) {
         return min(all, (long long) max_blocks);
     }
-    static int resident = 0; // blocks the device holds at once (per type and output; the device does not change)
-    if (resident == 0) {
-        int dev = 0, sms = 0, per_sm = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess
-            || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess
+    // Blocks each device holds at once (per type and output, cached per device id; threads that race
+    // write the same value). Where CUDA cannot say, one block per batch, with its error cleared so
+    // that the launch's own check does not read it.
+    static int resident[16] = {};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError();
+        return all;
+    }
+    int r = dev >= 0 && dev < 16 ? resident[dev] : 0;
+    if (r == 0) {
+        int sms = 0, per_sm = 0;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess
             || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, glmcheck_decode_loop_k<T, O>, 32 * DW, 0)
                    != cudaSuccess
             || sms <= 0 || per_sm <= 0) {
+            cudaGetLastError();
             return all;
         }
-        resident = sms * per_sm;
+        r = sms * per_sm;
+        if (dev >= 0 && dev < 16) {
+            resident[dev] = r;
+        }
     }
-    return min(all, (long long) resident);
+    return min(all, (long long) r);
 }
 
 template <int T>
@@ -926,11 +938,11 @@ int decode_whole(int dtype, const void * x, void * y, long long n_groups, int ma
 
 // n_values (a multiple of 256) of a tensor of `ggml_type` blocks at x, decoded into y: dtype 0 f32,
 // 1 f16, 2 bf16; max_blocks 0: on as many blocks as the device holds at once, N > 0: on at most N.
-// Returns 0 when launched; 1: no kernel for the type or dtype; 2: a shape it does not take; 3: CUDA
-// refused the launch.
+// Returns 0 when launched; 1: no kernel for the type or dtype; 2: a shape it does not take (or
+// max_blocks < 0); 3: CUDA refused the launch.
 extern "C" int glmcheck_decode_whole(int ggml_type, int dtype, const void * x, void * y, long long n_values,
                                      int max_blocks, void * stream) {
-    if (n_values <= 0 || n_values % 256 != 0) {
+    if (n_values <= 0 || n_values % 256 != 0 || max_blocks < 0) {
         return 2;
     }
     const long long g = n_values / 256;
