@@ -2,8 +2,13 @@
 # On a GPU machine: the CUDA forward against the CPU forward of the same binary on the fixtures
 # (issue 12's "CUDA f32 equals CPU to <= 1e-5 rel-L2 per module"), the HF reference, and simulated TP.
 # Usage: tools/device_fixture_check.sh BINARY OUTDIR
+# Env: PACK (a file path, e.g. $OUT/fix.tar.xz of the device tool): OUTDIR packed into it at exit, its
+# dumps left out (the device tool returns a limited count of files; this script writes ~70).
 set -uo pipefail
 B="$1"; OUT="$2"; mkdir -p "$OUT"
+if [ -n "${PACK:-}" ]; then
+  trap 'tar -C "$(dirname "$OUT")" --exclude="*.safetensors" -cJf "$PACK" "$(basename "$OUT")"' EXIT
+fi
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-/usr/local/cuda-13.0/targets/x86_64-linux/lib}"
 P0=294,266,220,17,10,17,30,220,468,478,68,286,262,414,13,278,286,266
 F=fixtures/tiny/tiny-F32.gguf
