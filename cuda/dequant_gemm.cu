@@ -397,7 +397,7 @@ __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
         }
     } else if constexpr (T == Q6_K) {
         const uint32_t s0 = word(b + 192 + 8 * h), s1 = word(b + 196 + 8 * h);
-        const float d = __half2float(__ushort_as_half((unsigned short) (word(b + 208) & 0xFFFF)));
+        const float d = h2f(b + 208);
 #pragma unroll
         for (int i = 0; i < 8; i += 2) {
             const uint32_t sw = i < 4 ? s0 : s1;
@@ -912,26 +912,25 @@ template <int T, typename O> long long decode_blocks(long long n_groups, int max
     return min(all, (long long) r);
 }
 
-template <int T>
-int decode_whole(int dtype, const void * x, void * y, long long n_groups, int max_blocks, cudaStream_t s) {
-    const uint8_t * xb = (const uint8_t *) x;
-    long long blocks = 0;
-    switch (dtype) {
-        case 0: blocks = decode_blocks<T, float>(n_groups, max_blocks); break;
-        case 1: blocks = decode_blocks<T, half>(n_groups, max_blocks); break;
-        case 2: blocks = decode_blocks<T, __nv_bfloat16>(n_groups, max_blocks); break;
-        default: return 1;
-    }
+// One launch of the loop kernel decoding into y's type.
+template <int T, typename O>
+int decode_into(const void * x, O * y, long long n_groups, int max_blocks, cudaStream_t s) {
+    const long long blocks = decode_blocks<T, O>(n_groups, max_blocks);
     if (blocks > 0x7fffffffLL) {
         return 2;
     }
-    switch (dtype) {
-        case 0: glmcheck_decode_loop_k<T, float><<<(unsigned) blocks, 32 * DW, 0, s>>>(xb, (float *) y, n_groups); break;
-        case 1: glmcheck_decode_loop_k<T, half><<<(unsigned) blocks, 32 * DW, 0, s>>>(xb, (half *) y, n_groups); break;
-        default: glmcheck_decode_loop_k<T, __nv_bfloat16><<<(unsigned) blocks, 32 * DW, 0, s>>>(
-                    xb, (__nv_bfloat16 *) y, n_groups); break;
-    }
+    glmcheck_decode_loop_k<T, O><<<(unsigned) blocks, 32 * DW, 0, s>>>((const uint8_t *) x, y, n_groups);
     return cudaGetLastError() == cudaSuccess ? 0 : 3;
+}
+
+template <int T>
+int decode_whole(int dtype, const void * x, void * y, long long n_groups, int max_blocks, cudaStream_t s) {
+    switch (dtype) {
+        case 0: return decode_into<T>(x, (float *) y, n_groups, max_blocks, s);
+        case 1: return decode_into<T>(x, (half *) y, n_groups, max_blocks, s);
+        case 2: return decode_into<T>(x, (__nv_bfloat16 *) y, n_groups, max_blocks, s);
+        default: return 1;
+    }
 }
 
 } // namespace
