@@ -693,6 +693,256 @@ int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_
 #undef GLMCHECK_DQMMA
 }
 
+// ---- The direct-load kernel (Q4_K on 16-byte aligned rows) ----------------------------------------
+// glmcheck_dqmma's values (the one-FMA decode where the addend is exact, decode32's two operations
+// where not; rounded once to the compute dtype; f32 sums), with the weights read straight from
+// device memory into the registers of the lanes that decode them: nothing of a weight goes through
+// shared memory, and a step's row scales are decoded by the lanes that use them, so the block
+// meets once a step (for the tokens' stage) instead of twice. What glmcheck_dqmma spends a step
+// on besides decoding -- the raw blocks' cp.async copies and their addresses, the block-wide scale
+// pass through shared memory and its second barrier, a shared load per word -- is what it drops;
+// and with no raw blocks in shared memory its residency is bound by registers (6 blocks of 4
+// warps an SM against 5), each warp holding the next step's bytes in flight.
+//
+// Lane (g, t) owns rows g and g + 8 of its warp's 16 and, of each row's 256-value step, the 32
+// bytes 32t..32t+31 of the block's quants: sub-blocks 2t (low nibbles) and 2t + 1 (high), 64
+// values, read as two 16-byte loads, with the block's 16-byte header (its scales: a load the
+// quad's four lanes share). Its MMA chunk (hi, w) (hi: the nibble, w: the word 0..7) is the four
+// values 64t + 32hi + 4w + 0..3 of each row; the tokens' stage puts those four values of every
+// token where the lane's B fragment load finds them. The k order inside a chunk differs from
+// glmcheck_dqmma's (a sum over k does not depend on it; the MMA sums in f32 either way).
+//
+// A token's stage: 32 granules of 16 bytes (8 values), granule c = 8q + x (q = c / 8) stored at
+// 8q + (x ^ 2q), pitch 33 granules: the 8 lanes of a quarter warp (two tokens, four t) reading
+// granule 8t + x' of their tokens hit 8 different groups of 4 banks (16-byte loads: conflict-free).
+
+constexpr int XPD = 33 * 16; // bytes of one token's staged step
+
+__device__ __forceinline__ int granule_at(int c) { return (c & ~7) | ((c & 7) ^ ((c >> 2) & 6)); }
+
+struct Q4kRows {
+    uint4 hdr[2]; // d, dmin | scales 0..3 | 4..7 | 8..11 of rows g and g + 8
+    uint4 q[2][2]; // the lane's 32 quant bytes of each row
+};
+
+// The lane's (d·sc, dmin·m) of sub-block 2t + hi of a row's block (decode32's products: exact).
+__device__ __forceinline__ void q4k_scale(const uint4 & h, int t, int hi, float & d1, float & m1) {
+    const float dall = __half2float(__ushort_as_half((unsigned short) (h.x & 0xFFFF)));
+    const float dmin = __half2float(__ushort_as_half((unsigned short) (h.x >> 16)));
+    // Sub-blocks 4h'..4h'+3 (h' = t / 2) as dq_scales computes them, then byte 2(t % 2) + hi.
+    const uint32_t sc = t < 2 ? h.y & 0x3F3F3F3Fu : (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u);
+    const uint32_t m = t < 2 ? h.z & 0x3F3F3F3Fu : ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u);
+    const int sh = 16 * (t & 1) + 8 * hi;
+    d1 = dall * (int) ((sc >> sh) & 0xFF);
+    m1 = dmin * (int) ((m >> sh) & 0xFF);
+}
+
+// One step of one warp on the registers `r`: LIVE groups of 8 tokens multiplied (FMA1: every
+// addend of the warp's step exact; else decode32's two operations everywhere).
+template <int NT, int LIVE, bool FMA1, typename C>
+__device__ __forceinline__ void direct_step(const Q4kRows & r, const uint8_t * xb, int g, int t, float (&acc)[NT][4]) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        float s[2], a[2]; // FMA1: (256·d1, -(128·d1 + m1)); else (d1, m1)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float d1, m1;
+            q4k_scale(r.hdr[h], t, hi, d1, m1);
+            if constexpr (FMA1) {
+                s[h] = 256.0f * d1;
+                a[h] = -__fadd_rn(128.0f * d1, m1);
+            } else {
+                s[h] = d1;
+                a[h] = m1;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            uint4 bx[LIVE];
+#pragma unroll
+            for (int n = 0; n < LIVE; ++n) {
+                bx[n] = *(const uint4 *) (xb + (8 * n + g) * XPD + 16 * granule_at(8 * t + 4 * hi + u));
+            }
+#pragma unroll
+            for (int ww = 0; ww < 2; ++ww) {
+                const int w = 2 * u + ww;
+                float v[2][4];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const uint4 & q = r.q[h][w / 4];
+                    const uint32_t word = (w % 4 == 0 ? q.x : w % 4 == 1 ? q.y : w % 4 == 2 ? q.z : q.w);
+                    const uint32_t x = (word >> (4 * hi)) & 0x0F0F0F0Fu;
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        if constexpr (FMA1) {
+                            v[h][i] = __fmaf_rn(s[h], half_byte(x, i), a[h]);
+                        } else {
+                            v[h][i] = s[h] * (magic_byte(x, i) - 8388608.0f) - a[h];
+                        }
+                    }
+                }
+                const uint32_t af[4] = {pack2<C>(v[0][0], v[0][1]), pack2<C>(v[1][0], v[1][1]),
+                                        pack2<C>(v[0][2], v[0][3]), pack2<C>(v[1][2], v[1][3])};
+#pragma unroll
+                for (int n = 0; n < LIVE; ++n) {
+                    mma_16816<C>(acc[n], af, ww ? bx[n].z : bx[n].x, ww ? bx[n].w : bx[n].y);
+                }
+            }
+        }
+    }
+}
+
+// Whether every addend -(128·d1 + m1) of the lane's four (row, sub-block) pairs is exact in f32.
+__device__ __forceinline__ bool direct_exact(const Q4kRows & r, int t) {
+    bool ok = true;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+            float d1, m1, c;
+            q4k_scale(r.hdr[h], t, hi, d1, m1);
+            ok &= exact_sum(128.0f * d1, m1, c);
+        }
+    }
+    return ok;
+}
+
+template <int NT, typename C, int L = NT>
+__device__ __forceinline__ void direct_step_live(int live, const Q4kRows & r, const uint8_t * xb, int g, int t,
+                                                 float (&acc)[NT][4]) {
+    if constexpr (L > 1) {
+        if (live < L) {
+            direct_step_live<NT, C, L - 1>(live, r, xb, g, t, acc);
+            return;
+        }
+    }
+    direct_step<NT, L, true, C>(r, xb, g, t, acc);
+}
+
+// Resident blocks an SM the direct-load kernel is built for, i.e. its register cap (65536 / (32·W·n)):
+// 4 warps, 8 or 16 tokens: 5 (102 registers; uncapped it takes ~127, the next step's bytes and the
+// compiler's hoisted loads); 32 tokens: 4; 8 warps: 2.
+__host__ __device__ constexpr int direct_min_blocks(int nt, int w) { return w == 4 ? (nt == 4 ? 4 : 5) : 2; }
+
+// y[j] = W[experts[z]] · x[src[j]] as glmcheck_dqmma, W Q4_K with 16-byte aligned rows, blocks of
+// 16·W rows (W warps). Grid: (row tiles of 8·NT, n_out / (16·W), active experts).
+template <int NT, int W, typename C>
+__global__ void __launch_bounds__(32 * W, direct_min_blocks(NT, W)) glmcheck_dqmma_direct(
+        const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes,
+        const C * __restrict__ x, const int32_t * __restrict__ src,
+        const int32_t * __restrict__ bounds, const int32_t * __restrict__ experts, const int32_t * __restrict__ zlist,
+        C * __restrict__ y, int n_out, int k_in) {
+    constexpr int TN = 8 * NT, B = 144, NTH = 32 * W;
+    const int z = zlist ? zlist[blockIdx.z] : (int) blockIdx.z;
+    const int row0 = bounds[z] + blockIdx.x * TN;
+    const int nrows = min(TN, bounds[z + 1] - row0);
+    if (nrows <= 0) {
+        return;
+    }
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int r0 = blockIdx.y * 16 * W + 16 * warp + g; // this lane's rows: r0 and r0 + 8
+
+    extern __shared__ __align__(16) uint8_t smem[]; // xs[2][TN][XPD]
+    __shared__ int src_row[TN];
+    if (tid < TN) {
+        src_row[tid] = tid < nrows ? (src ? src[row0 + tid] : row0 + tid) : -1;
+    }
+    __syncthreads();
+    const uint8_t * wexp = w + (long long) experts[z] * expert_bytes;
+    const uint8_t * wr[2] = {wexp + (long long) r0 * row_bytes, wexp + (long long) (r0 + 8) * row_bytes};
+
+    auto load = [&](Q4kRows & r, int step) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t * b = wr[h] + (long long) step * B;
+            r.hdr[h] = __ldg((const uint4 *) b);
+            r.q[h][0] = __ldg((const uint4 *) (b + 16 + 32 * t));
+            r.q[h][1] = __ldg((const uint4 *) (b + 32 + 32 * t));
+        }
+    };
+    auto stage = [&](int buf, int step) {
+        for (int i = tid; i < nrows * (KS / 8); i += NTH) {
+            const int rr = i / (KS / 8), c = i % (KS / 8);
+            __pipeline_memcpy_async(smem + (buf * TN + rr) * XPD + 16 * granule_at(c),
+                                    x + (long long) src_row[rr] * k_in + (long long) step * KS + 8 * c, 16);
+        }
+        __pipeline_commit();
+    };
+
+    float acc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            acc[n][e] = 0.0f;
+        }
+    }
+    const int steps = k_in / KS, live = (nrows + 7) / 8;
+    Q4kRows cur, nxt;
+    load(cur, 0);
+    stage(0, 0);
+    for (int step = 0; step < steps; ++step) {
+        const int buf = step & 1;
+        __pipeline_wait_prior(0);
+        __syncthreads(); // the step's tokens have landed; everyone is done with the other buffer
+        if (step + 1 < steps) {
+            stage(buf ^ 1, step + 1);
+            load(nxt, step + 1);
+        }
+        const uint8_t * xb = smem + buf * TN * XPD;
+        if (__all_sync(0xFFFFFFFFu, direct_exact(cur, t))) {
+            direct_step_live<NT, C>(live, cur, xb, g, t, acc);
+        } else {
+            direct_step<NT, NT, false, C>(cur, xb, g, t, acc);
+        }
+        cur = nxt;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int col = 8 * n + 2 * t + (e & 1);
+            if (col < nrows) {
+                y[(long long) (row0 + col) * n_out + r0 + 8 * (e / 2)] = from_f32<C>(acc[n][e]);
+            }
+        }
+    }
+}
+
+template <int NT, int W, typename C>
+int launch_direct(const void * w, long long expert_bytes, long long row_bytes, const void * x, const int32_t * src,
+                  const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in,
+                  int n_active, int max_rows, cudaStream_t stream) {
+    const size_t shared = 2 * 8 * NT * XPD;
+    auto kernel = glmcheck_dqmma_direct<NT, W, C>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) shared) != cudaSuccess) {
+        return 3;
+    }
+    const dim3 grid((max_rows + 8 * NT - 1) / (8 * NT), n_out / (16 * W), n_active);
+    kernel<<<grid, 32 * W, shared, stream>>>((const uint8_t *) w, expert_bytes, row_bytes, (const C *) x, src, bounds,
+                                             experts, zlist, (C *) y, n_out, k_in);
+    return cudaGetLastError() == cudaSuccess ? 0 : 3;
+}
+
+// The direct-load kernel with W warps at tile width tn (8, 16, 32; 0: by the busiest expert's rows).
+template <int W, typename C>
+int launch_direct_tn(int tn, const void * w, long long expert_bytes, long long row_bytes, const void * x,
+                     const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y,
+                     int n_out, int k_in, int n_active, int max_rows, cudaStream_t stream) {
+    if (tn == 0) {
+        tn = max_rows <= 8 ? 8 : max_rows <= 16 ? 16 : 32;
+    }
+#define GLMCHECK_DIRECT(N) launch_direct<N, W, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
+                                                  k_in, n_active, max_rows, stream)
+    switch (tn) {
+        case 8: return GLMCHECK_DIRECT(1);
+        case 16: return GLMCHECK_DIRECT(2);
+        case 32: return GLMCHECK_DIRECT(4);
+        default: return 2;
+    }
+#undef GLMCHECK_DIRECT
+}
+
 template <int T, int TN, typename C>
 int launch(const void * w, long long expert_bytes, long long row_bytes, const void * x, const int32_t * src,
            const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in, int n_active,
@@ -730,7 +980,15 @@ int launch_type(int ggml_type, int kernel, int tn, const void * w, long long exp
                 int n_out, int k_in, int n_active, int max_rows, cudaStream_t stream) {
     // Rows on 16-byte boundaries (Q4_K's and Q5_K's blocks are 144 and 176 bytes): plain word loads.
     const bool aligned = (uintptr_t) w % 16 == 0 && expert_bytes % 16 == 0 && row_bytes % 16 == 0;
-    if (kernel == 0) {
+    // kernel 2 / 3: the direct-load kernel with 4 / 8 warps where it covers the stack (Q4_K, aligned
+    // rows, whole blocks of rows), else the register-decode kernel.
+    if ((kernel == 2 || kernel == 3) && ggml_type == Q4_K && aligned && n_out % (kernel == 2 ? 64 : 128) == 0) {
+        return kernel == 2 ? launch_direct_tn<4, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
+                                                    n_out, k_in, n_active, max_rows, stream)
+                           : launch_direct_tn<8, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
+                                                    n_out, k_in, n_active, max_rows, stream);
+    }
+    if (kernel != 1) {
 #define GLMCHECK_MMA(Q, A) launch_mma_tn<Q, A, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
                                                  k_in, n_active, max_rows, stream)
         switch (ggml_type) {
@@ -769,13 +1027,14 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 // (null: all, in order: one launch per tile width, the busy experts in a wider one);
 // y: [rows, n_out]. kernel 0: the register-decode kernel where it covers the type (Q4_K, Q5_K,
 // Q6_K, Q8_0; tn its tile width, 0 by the busiest expert), else and for kernel 1 the
-// shared-memory kernel glmcheck_dqmm.
+// shared-memory kernel glmcheck_dqmm; kernels 2 and 3: the direct-load kernel (4 and 8 warps a
+// block) for Q4_K stacks on 16-byte aligned rows, the register-decode kernel for the rest.
 extern "C" int glmcheck_dequant_matmul(
         int ggml_type, int dtype, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes,
         const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y,
         int n_out, int k_in, int n_active, int max_rows, void * stream) {
     if (n_out % BM != 0 || k_in % KS != 0 || n_active <= 0 || n_active > 65535 || max_rows <= 0
-        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || (kernel != 0 && kernel != 1)) {
+        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || kernel < 0 || kernel > 3) {
         return 2;
     }
     const cudaStream_t s = (cudaStream_t) stream;

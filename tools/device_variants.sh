@@ -38,7 +38,7 @@ done
 # 0. unit tests
 if [ -n "${TEST_FILTERS:-}" ]; then
   # shellcheck disable=SC2086
-  step unit 90 "$tests" --test-threads 1 --nocapture $TEST_FILTERS
+  step unit "${UNIT_LIMIT:-90}" "$tests" --test-threads 1 --nocapture $TEST_FILTERS
 fi
 # 1. the model
 [ -f "$model" ] || step synth 200 "$bin" synth --dims glm5 --layers 3 --qtype q4_k_m --out "$model" --force --json

@@ -76,23 +76,30 @@ pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
 /// as one launch and 0.41 ms less kernel time, `reports/gpu-moe.md` build T), or the shared-memory kernel (`glmcheck_dqmm`: a
 /// sub-block per lane decoded into a shared tile, then WMMA). All give decode32's values rounded
 /// to the compute dtype, summed in f32 (each output the same way: a tile decides only which
-/// tokens share a block).
+/// tokens share a block). `Direct(w)`: the tile runs on the direct-load kernel (`glmcheck_dqmma_direct`,
+/// blocks of `w` warps, 4 or 8: each lane loads its own weight bytes into registers, no weight
+/// staging in shared memory) for Q4_K stacks on 16-byte aligned rows, the register kernel for the
+/// rest; it sums each chunk's k in another order than the register kernel (the same terms).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TiledKernel {
     Registers(Option<u8>),
     Runs,
+    Direct(u8),
     Shared,
 }
 
 impl TiledKernel {
     /// The default (tile runs), or `GLMCHECK_DEQUANT_EXPERTS=smem` (the shared-memory kernel),
     /// `GLMCHECK_DEQUANT_EXPERTS=one` (the register kernel in one launch at the cost model's
-    /// tile) and `GLMCHECK_DEQUANT_TILE=8|16|32` (one launch at that tile width), kept to measure
-    /// one against the other.
+    /// tile), `GLMCHECK_DEQUANT_EXPERTS=direct|direct8` (the tile runs on the direct-load kernel
+    /// with 4 or 8 warps a block) and `GLMCHECK_DEQUANT_TILE=8|16|32` (one launch at that tile
+    /// width), kept to measure one against the other.
     pub fn from_env() -> TiledKernel {
         match std::env::var_os("GLMCHECK_DEQUANT_EXPERTS") {
             Some(v) if v == "smem" => return TiledKernel::Shared,
             Some(v) if v == "one" => return TiledKernel::Registers(None),
+            Some(v) if v == "direct" => return TiledKernel::Direct(4),
+            Some(v) if v == "direct8" => return TiledKernel::Direct(8),
             _ => {}
         }
         std::env::var("GLMCHECK_DEQUANT_TILE")
@@ -107,6 +114,8 @@ impl TiledKernel {
         match self {
             TiledKernel::Registers(tile) => (0, tile.map_or(0, i32::from)),
             TiledKernel::Runs => (0, 0),
+            TiledKernel::Direct(8) => (3, 0),
+            TiledKernel::Direct(_) => (2, 0),
             TiledKernel::Shared => (1, 0),
         }
     }
@@ -234,7 +243,7 @@ impl DequantMatmul<'_> {
     ) -> Result<Vec<(*const i32, i32, i32, i32)>> {
         let all = |tile: usize| vec![(std::ptr::null(), g.active(), tile, g.max_rows())];
         let runs: Vec<(*const i32, usize, usize, usize)> = match self.kernel {
-            TiledKernel::Runs => g
+            TiledKernel::Runs | TiledKernel::Direct(_) => g
                 .tile_runs(32)
                 .into_iter()
                 .map(|r| {

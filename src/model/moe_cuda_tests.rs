@@ -29,10 +29,13 @@ const TILED_TYPES: [GgmlDType; 6] = [
     GgmlDType::Q6K,
 ];
 
-/// Both tiled kernels, the register kernel at each tile width, by the cost model and in tile runs.
-const TILED_KERNELS: [TiledKernel; 6] = [
+/// Both tiled kernels, the register kernel at each tile width, by the cost model and in tile runs,
+/// and the direct-load kernel (Q4_K) with 4 and 8 warps a block in tile runs.
+const TILED_KERNELS: [TiledKernel; 8] = [
     TiledKernel::Registers(None),
     TiledKernel::Runs,
+    TiledKernel::Direct(4),
+    TiledKernel::Direct(8),
     TiledKernel::Registers(Some(8)),
     TiledKernel::Registers(Some(16)),
     TiledKernel::Registers(Some(32)),
@@ -128,7 +131,8 @@ fn the_tiled_kernels_decode_every_weight_to_candles_bits() -> Result<()> {
         eprintln!("no CUDA device: skipped");
         return Ok(());
     };
-    let (out, inp) = (64usize, 512usize);
+    // 128 rows: the direct-load kernel's 8-warp blocks cover them too.
+    let (out, inp) = (128usize, 512usize);
     let w = fma_decode_tests::two_experts(out, inp)?;
     // Two routings of unit-vector tokens (k = 1; token order = grouped order): every column of
     // both experts (one launch, 32 wide), and 8 columns of expert 0 with 40 of expert 1 (16 wide
@@ -237,6 +241,53 @@ fn the_whole_tensor_decoder_equals_candles_bit_for_bit() -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// A weight decoded ahead on the side stream (`ahead_cuda`) and taken by its use is the in-place
+/// decode bit for bit, while the main stream is busy with other work in between (the take must
+/// wait for the side stream's decode); a second take finds nothing, and `clear` drops an unused
+/// decode safely.
+#[test]
+fn a_weight_decoded_ahead_equals_the_decode_in_place() -> Result<()> {
+    let Ok(dev) = Device::new_cuda(0) else {
+        eprintln!("no CUDA device: skipped");
+        return Ok(());
+    };
+    let w = (Tensor::randn(0f32, 1.0, (4096, 2048), &Device::Cpu)? * 0.05)?;
+    for qt in [GgmlDType::Q4K, GgmlDType::Q6K, GgmlDType::Q8_0] {
+        let q = QTensor::quantize_onto(&w, qt, &dev)?;
+        let spare = QTensor::quantize_onto(&w, qt, &dev)?;
+        for dtype in [DType::BF16, DType::F32] {
+            let want = crate::gguf::cuda_decode::decode(&q, dtype)?
+                .unwrap_or_else(|| panic!("{qt:?} {dtype:?} not covered"))
+                .to_dtype(DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            crate::model::ahead_cuda::start(&q, dtype)?;
+            crate::model::ahead_cuda::start(&spare, dtype)?;
+            // the main stream at work meanwhile
+            let busy = Tensor::randn(0f32, 1.0, (2048, 2048), &dev)?;
+            let _ = busy.matmul(&busy)?.sum_all()?;
+            let got = crate::model::ahead_cuda::take(&q, dtype)?
+                .unwrap_or_else(|| panic!("{qt:?} {dtype:?}: nothing decoded ahead"));
+            assert!(crate::model::ahead_cuda::take(&q, dtype)?.is_none());
+            let got = got.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            let diff = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(diff, 0, "{qt:?} {dtype:?}: {diff} of {} differ", want.len());
+            crate::model::ahead_cuda::clear()?;
+            assert!(crate::model::ahead_cuda::take(&spare, dtype)?.is_none());
+            eprintln!(
+                "{qt:?} {dtype:?}: decoded ahead, {} values equal",
+                want.len()
+            );
+        }
+    }
+    dev.synchronize()?;
     Ok(())
 }
 
