@@ -713,12 +713,13 @@ int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_
 // glmcheck_dqmma's (a sum over k does not depend on it; the MMA sums in f32 either way).
 //
 // A token's stage: 32 granules of 16 bytes (8 values), granule c = 8q + x (q = c / 8) stored at
-// 8q + (x ^ 2q), pitch 33 granules: the 8 lanes of a quarter warp (two tokens, four t) reading
-// granule 8t + x' of their tokens hit 8 different groups of 4 banks (16-byte loads: conflict-free).
+// 10q + x, pitch 41 granules: the 8 lanes of a quarter warp (two tokens g, four t) reading granule
+// 8t + x of their tokens sit at 41g + 10t + x, i.e. (g + 2t + x) mod 8 groups of 4 banks: all 8
+// different (16-byte loads: conflict-free), and a lane's address is its base plus a constant.
 
-constexpr int XPD = 33 * 16; // bytes of one token's staged step
+constexpr int XPD = 41 * 16; // bytes of one token's staged step
 
-__device__ __forceinline__ int granule_at(int c) { return (c & ~7) | ((c & 7) ^ ((c >> 2) & 6)); }
+__device__ __forceinline__ int granule_at(int c) { return 10 * (c >> 3) + (c & 7); }
 
 struct Q4kRows {
     uint4 hdr[2]; // d, dmin | scales 0..3 | 4..7 | 8..11 of rows g and g + 8
@@ -737,31 +738,22 @@ __device__ __forceinline__ void q4k_scale(const uint4 & h, int t, int hi, float 
     m1 = dmin * (int) ((m >> sh) & 0xFF);
 }
 
-// One step of one warp on the registers `r`: LIVE groups of 8 tokens multiplied (FMA1: every
-// addend of the warp's step exact; else decode32's two operations everywhere).
+// One step of one warp on the registers `r`, LIVE groups of 8 tokens multiplied. FMA1: every
+// addend of the warp's step exact, sc/ad the one-FMA decode's (256·d1, -(128·d1 + m1)) of row h,
+// nibble hi; else decode32's two operations everywhere, on (d1, m1) in sc/ad. `xl`: the lane's
+// token g, granule 8t, of the step's stage.
 template <int NT, int LIVE, bool FMA1, typename C>
-__device__ __forceinline__ void direct_step(const Q4kRows & r, const uint8_t * xb, int g, int t, float (&acc)[NT][4]) {
+__device__ __forceinline__ void direct_step(const Q4kRows & r, const float (&sc)[2][2], const float (&ad)[2][2],
+                                            const uint8_t * xl, float (&acc)[NT][4]) {
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
-        float s[2], a[2]; // FMA1: (256·d1, -(128·d1 + m1)); else (d1, m1)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float d1, m1;
-            q4k_scale(r.hdr[h], t, hi, d1, m1);
-            if constexpr (FMA1) {
-                s[h] = 256.0f * d1;
-                a[h] = -__fadd_rn(128.0f * d1, m1);
-            } else {
-                s[h] = d1;
-                a[h] = m1;
-            }
-        }
+        const float s[2] = {sc[0][hi], sc[1][hi]}, a[2] = {ad[0][hi], ad[1][hi]};
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             uint4 bx[LIVE];
 #pragma unroll
             for (int n = 0; n < LIVE; ++n) {
-                bx[n] = *(const uint4 *) (xb + (8 * n + g) * XPD + 16 * granule_at(8 * t + 4 * hi + u));
+                bx[n] = *(const uint4 *) (xl + 8 * n * XPD + 16 * (4 * hi + u));
             }
 #pragma unroll
             for (int ww = 0; ww < 2; ++ww) {
@@ -792,31 +784,41 @@ __device__ __forceinline__ void direct_step(const Q4kRows & r, const uint8_t * x
     }
 }
 
-// Whether every addend -(128·d1 + m1) of the lane's four (row, sub-block) pairs is exact in f32.
-__device__ __forceinline__ bool direct_exact(const Q4kRows & r, int t) {
+// The lane's four (row h, nibble hi) scales: the one-FMA decode's (256·d1, -(128·d1 + m1)) into
+// sc/ad, FMA1 false: (d1, m1). Returns whether every one-FMA addend is exact in f32.
+template <bool FMA1>
+__device__ __forceinline__ bool direct_scales(const Q4kRows & r, int t, float (&sc)[2][2], float (&ad)[2][2]) {
     bool ok = true;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi) {
-            float d1, m1, c;
+            float d1, m1;
             q4k_scale(r.hdr[h], t, hi, d1, m1);
-            ok &= exact_sum(128.0f * d1, m1, c);
+            if constexpr (FMA1) {
+                float c;
+                ok &= exact_sum(128.0f * d1, m1, c);
+                sc[h][hi] = 256.0f * d1;
+                ad[h][hi] = -c;
+            } else {
+                sc[h][hi] = d1;
+                ad[h][hi] = m1;
+            }
         }
     }
     return ok;
 }
 
 template <int NT, typename C, int L = NT>
-__device__ __forceinline__ void direct_step_live(int live, const Q4kRows & r, const uint8_t * xb, int g, int t,
-                                                 float (&acc)[NT][4]) {
+__device__ __forceinline__ void direct_step_live(int live, const Q4kRows & r, const float (&sc)[2][2],
+                                                 const float (&ad)[2][2], const uint8_t * xl, float (&acc)[NT][4]) {
     if constexpr (L > 1) {
         if (live < L) {
-            direct_step_live<NT, C, L - 1>(live, r, xb, g, t, acc);
+            direct_step_live<NT, C, L - 1>(live, r, sc, ad, xl, acc);
             return;
         }
     }
-    direct_step<NT, L, true, C>(r, xb, g, t, acc);
+    direct_step<NT, L, true, C>(r, sc, ad, xl, acc);
 }
 
 // Resident blocks an SM the direct-load kernel is built for, i.e. its register cap (65536 / (32·W·n)):
@@ -889,11 +891,13 @@ __global__ void __launch_bounds__(32 * W, direct_min_blocks(NT, W)) glmcheck_dqm
             stage(buf ^ 1, step + 1);
             load(nxt, step + 1);
         }
-        const uint8_t * xb = smem + buf * TN * XPD;
-        if (__all_sync(0xFFFFFFFFu, direct_exact(cur, t))) {
-            direct_step_live<NT, C>(live, cur, xb, g, t, acc);
+        const uint8_t * xl = smem + buf * TN * XPD + g * XPD + 16 * 10 * t; // token g, granule 8t
+        float sc[2][2], ad[2][2];
+        if (__all_sync(0xFFFFFFFFu, direct_scales<true>(cur, t, sc, ad))) {
+            direct_step_live<NT, C>(live, cur, sc, ad, xl, acc);
         } else {
-            direct_step<NT, NT, false, C>(cur, xb, g, t, acc);
+            direct_scales<false>(cur, t, sc, ad);
+            direct_step<NT, NT, false, C>(cur, sc, ad, xl, acc);
         }
         cur = nxt;
     }
