@@ -5,9 +5,7 @@
 //! kernels reach about a third of the copy bandwidth on an H200 for Q8_0 (`reports/gpu-dequant-q8_0.md`).
 
 use candle_core::backend::BackendStorage;
-use std::sync::{Arc, Mutex};
-
-use candle_core::cuda_backend::cudarc::driver::{CudaEvent, CudaStream, DevicePtr};
+use candle_core::cuda_backend::cudarc::driver::DevicePtr;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 
@@ -60,29 +58,6 @@ pub fn decode(q: &QTensor, dtype: DType) -> Result<Option<Tensor>> {
 /// loops over its batches of 1024 values, the next one's loads in flight), N > 0 at most N blocks
 /// (tests: warps that loop over many batches).
 pub(crate) fn decode_grid(q: &QTensor, dtype: DType, grid: i32) -> Result<Option<Tensor>> {
-    Ok(decode_with(q, dtype, grid, None)?.map(|(t, _)| t))
-}
-
-/// [`decode`] on the stream `side` (the buffer allocated on the main stream, which the side
-/// stream waits for): the tensor and the event its decode completes; the main stream must wait
-/// for that event before it reads or frees the tensor (`model::ahead_cuda`).
-pub(crate) fn decode_on(
-    q: &QTensor,
-    dtype: DType,
-    side: &Arc<CudaStream>,
-) -> Result<Option<(Tensor, CudaEvent)>> {
-    Ok(match decode_with(q, dtype, 0, Some(side))? {
-        Some((t, Some(done))) => Some((t, done)),
-        _ => None,
-    })
-}
-
-fn decode_with(
-    q: &QTensor,
-    dtype: DType,
-    grid: i32,
-    side: Option<&Arc<CudaStream>>,
-) -> Result<Option<(Tensor, Option<CudaEvent>)>> {
     let elems = q.shape().elem_count();
     let code = match dtype {
         DType::F32 => 0,
@@ -105,12 +80,8 @@ fn decode_with(
         dtype,
         code,
         grid,
-        side,
-        done: Mutex::new(None),
     };
-    let t = anchor.apply_op1_no_bwd(&op)?.reshape(dims)?;
-    let done = op.done.lock().ok().and_then(|mut d| d.take());
-    Ok(Some((t, done)))
+    Ok(Some(anchor.apply_op1_no_bwd(&op)?.reshape(dims)?))
 }
 
 struct Whole<'a> {
@@ -118,9 +89,6 @@ struct Whole<'a> {
     dtype: DType,
     code: i32,
     grid: i32,
-    /// Decode on this stream instead of the device's (`decode_on`); `done` then holds the event.
-    side: Option<&'a Arc<CudaStream>>,
-    done: Mutex<Option<CudaEvent>>,
 }
 
 impl CustomOp1 for Whole<'_> {
@@ -138,43 +106,14 @@ impl CustomOp1 for Whole<'_> {
         let ty = tiled_type(self.q.dtype()).unwrap_or(-1);
         let stream = dev.cuda_stream();
         let x = self.q.device_ptr()? as *const std::ffi::c_void;
-        let s = match self.side {
-            Some(side) => side.cu_stream(),
-            None => stream.cu_stream(),
-        } as *mut std::ffi::c_void;
+        let s = stream.cu_stream() as *mut std::ffi::c_void;
         let p = self.grid;
-        let run = |y| {
-            if let Some(side) = self.side {
-                // The buffer was allocated on the main stream: the side stream waits for that.
-                let allocated = match crate::model::ahead_cuda::mark(&stream) {
-                    Ok(e) => e,
-                    Err(_) => return -2,
-                };
-                if side.wait(&allocated).is_err() {
-                    return -2;
-                }
-            }
-            let rc = unsafe { glmcheck_decode_whole(ty, self.code, x, y, elems as i64, p, s) };
-            if let (0, Some(side)) = (rc, self.side) {
-                match (crate::model::ahead_cuda::mark(side), self.done.lock()) {
-                    (Ok(e), Ok(mut d)) => *d = Some(e),
-                    _ => return -2,
-                }
-            }
-            rc
-        };
+        let run = |y| unsafe { glmcheck_decode_whole(ty, self.code, x, y, elems as i64, p, s) };
         let (rc, storage) = match self.dtype {
             DType::F32 => fill::<f32>(dev, elems, run)?,
             DType::F16 => fill::<half::f16>(dev, elems, run)?,
             _ => fill::<half::bf16>(dev, elems, run)?,
         };
-        if rc == -2 {
-            candle_core::bail!(
-                "whole-tensor decode of {:?} {:?} on the decode-ahead stream: an event failed",
-                self.q.dtype(),
-                self.q.shape()
-            )
-        }
         if rc != 0 {
             candle_core::bail!(
                 "whole-tensor decode of {:?} {:?}: launcher refused (code {rc})",

@@ -5,7 +5,6 @@ use candle_core::{DType, Result, Tensor};
 
 use super::attention::{AttnOut, Mla};
 use super::capture::{emit, emit_with, Capture};
-use super::linear::Weight;
 use super::mlp::Mlp;
 use super::moe::Moe;
 use super::names::{sub, LayerPaths, MlpKind};
@@ -82,27 +81,6 @@ impl DecoderLayer {
             ffn,
             paths,
         })
-    }
-
-    /// The layer's dense (not routed-expert) projection weights: attention, indexer, the dense MLP
-    /// or the shared experts.
-    pub fn dense_weights(&self) -> Vec<&Weight> {
-        let a = &self.attn;
-        let mut w = vec![
-            &a.q_a.weight,
-            &a.q_b.weight,
-            &a.kv_a.weight,
-            &a.kv_b.weight,
-            &a.o.weight,
-            &a.indexer.wq_b.weight,
-            &a.indexer.wk.weight,
-        ];
-        let mlp = match &self.ffn {
-            FeedForward::Dense(m) => m,
-            FeedForward::Moe(m) => &m.shared,
-        };
-        w.extend([&mlp.gate.weight, &mlp.up.weight, &mlp.down.weight]);
-        w
     }
 
     /// `model.layers.N`

@@ -191,20 +191,6 @@ impl Weight {
         }
     }
 
-    /// Dequant mode's blocks on a CUDA device: start decoding them ahead on the side stream
-    /// (`ahead_cuda`); anything else is left to its use.
-    #[cfg(feature = "cuda")]
-    pub fn decode_ahead(&self) -> Result<()> {
-        match self {
-            Weight::Blocks {
-                blocks: Blocks::OnDevice(q),
-                dtype,
-                mode: MatmulMode::Dequant,
-            } if q.device().is_cuda() => super::ahead_cuda::start(q, *dtype),
-            _ => Ok(()),
-        }
-    }
-
     /// Whether the weight is kept as quantized blocks.
     pub fn is_quantized(&self) -> bool {
         matches!(self, Weight::Blocks { .. })
@@ -246,10 +232,6 @@ impl Weight {
 /// faster, and bf16 without an f32 detour).
 pub fn dequantize(q: &QTensor, dtype: DType) -> Result<Tensor> {
     let device = q.device();
-    #[cfg(feature = "cuda")]
-    if let Some(t) = super::ahead_cuda::take(q, dtype)? {
-        return Ok(t); // decoded ahead on the side stream (the same kernel)
-    }
     #[cfg(feature = "cuda")]
     if matches!(dtype, DType::BF16 | DType::F16 | DType::F32) {
         if let Some(t) = super::moe_cuda::dequantize_direct(q, dtype)? {

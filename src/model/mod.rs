@@ -11,8 +11,6 @@
 //! noted at the place they matter ([`attention::LATENT_NORM_EPS`], [`indexer::K_NORM_EPS`],
 //! [`Experts::forward`]).
 
-#[cfg(feature = "cuda")]
-pub(crate) mod ahead_cuda;
 pub mod attention;
 pub mod behaviour;
 pub mod capture;
@@ -520,8 +518,6 @@ impl Glm5 {
         for l in 0..self.config.num_hidden_layers {
             let layer: Vec<&DecoderLayer> = self.ranks.iter().map(|r| &r.layers[l]).collect();
             let path = layer[0].path();
-            #[cfg(feature = "cuda")]
-            self.decode_ahead(l + 1).map_err(at(path))?;
             x = layer::forward_ranks(
                 &layer,
                 &x,
@@ -543,29 +539,7 @@ impl Glm5 {
             parallel::lm_head(&heads, &h, self.config.vocab_size).map_err(at(&p.lm_head))?; // [T, V]
         capture::emit(capture, &p.lm_head, &logits).map_err(at(&p.lm_head))?;
         capture::emit(capture, conv::LOGITS, &logits).map_err(at(conv::LOGITS))?;
-        #[cfg(feature = "cuda")]
-        ahead_cuda::clear().map_err(at(&p.lm_head))?;
         Ok(logits)
-    }
-
-    /// With `GLMCHECK_DECODE_AHEAD=on`: layer `l`'s dense weights (lm_head past the last layer)
-    /// start decoding on the side stream (`ahead_cuda`).
-    #[cfg(feature = "cuda")]
-    fn decode_ahead(&self, l: usize) -> candle_core::Result<()> {
-        if !ahead_cuda::enabled() {
-            return Ok(());
-        }
-        for r in &self.ranks {
-            match r.layers.get(l) {
-                Some(layer) => layer
-                    .dense_weights()
-                    .into_iter()
-                    .try_for_each(Weight::decode_ahead)?,
-                None if l == self.config.num_hidden_layers => r.lm_head.weight.decode_ahead()?,
-                None => {}
-            }
-        }
-        Ok(())
     }
 }
 

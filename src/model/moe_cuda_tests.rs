@@ -244,53 +244,6 @@ fn the_whole_tensor_decoder_equals_candles_bit_for_bit() -> Result<()> {
     Ok(())
 }
 
-/// A weight decoded ahead on the side stream (`ahead_cuda`) and taken by its use is the in-place
-/// decode bit for bit, while the main stream is busy with other work in between (the take must
-/// wait for the side stream's decode); a second take finds nothing, and `clear` drops an unused
-/// decode safely.
-#[test]
-fn a_weight_decoded_ahead_equals_the_decode_in_place() -> Result<()> {
-    let Ok(dev) = Device::new_cuda(0) else {
-        eprintln!("no CUDA device: skipped");
-        return Ok(());
-    };
-    let w = (Tensor::randn(0f32, 1.0, (4096, 2048), &Device::Cpu)? * 0.05)?;
-    for qt in [GgmlDType::Q4K, GgmlDType::Q6K, GgmlDType::Q8_0] {
-        let q = QTensor::quantize_onto(&w, qt, &dev)?;
-        let spare = QTensor::quantize_onto(&w, qt, &dev)?;
-        for dtype in [DType::BF16, DType::F32] {
-            let want = crate::gguf::cuda_decode::decode(&q, dtype)?
-                .unwrap_or_else(|| panic!("{qt:?} {dtype:?} not covered"))
-                .to_dtype(DType::F32)?
-                .flatten_all()?
-                .to_vec1::<f32>()?;
-            crate::model::ahead_cuda::start(&q, dtype)?;
-            crate::model::ahead_cuda::start(&spare, dtype)?;
-            // the main stream at work meanwhile
-            let busy = Tensor::randn(0f32, 1.0, (2048, 2048), &dev)?;
-            let _ = busy.matmul(&busy)?.sum_all()?;
-            let got = crate::model::ahead_cuda::take(&q, dtype)?
-                .unwrap_or_else(|| panic!("{qt:?} {dtype:?}: nothing decoded ahead"));
-            assert!(crate::model::ahead_cuda::take(&q, dtype)?.is_none());
-            let got = got.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-            let diff = got
-                .iter()
-                .zip(&want)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
-            assert_eq!(diff, 0, "{qt:?} {dtype:?}: {diff} of {} differ", want.len());
-            crate::model::ahead_cuda::clear()?;
-            assert!(crate::model::ahead_cuda::take(&spare, dtype)?.is_none());
-            eprintln!(
-                "{qt:?} {dtype:?}: decoded ahead, {} values equal",
-                want.len()
-            );
-        }
-    }
-    dev.synchronize()?;
-    Ok(())
-}
-
 /// q8 mode's int8 expert kernel (`cuda/q8_moe.cu`) against llama.cpp's MMQ (`cuda/moe_mmq.cu`, as
 /// vendored in candle-kernels) on the same grouping and the same Q8_1 activations: both compute
 /// exact integer dot products per sub-block scaled by llama.cpp's expressions, so they agree to
