@@ -549,7 +549,13 @@ __device__ __forceinline__ void l2_prefetch(const uint8_t * row, int step, int s
     }
     const int n = min(pf.len, steps - step - pf.dist);
     const uintptr_t lo = (uintptr_t) (row + (long long) (step + pf.dist) * b) & ~(uintptr_t) 15;
-    const uintptr_t hi = ((uintptr_t) (row + (long long) (step + pf.dist + n) * b) + 15) & ~(uintptr_t) 15;
+    // never past the row's last whole 16 bytes (a row whose end is not on a 16-byte boundary loses
+    // its tail from the prefetch, not a byte beyond it is asked for)
+    const uintptr_t end = (uintptr_t) (row + (long long) steps * b) & ~(uintptr_t) 15;
+    const uintptr_t hi = min(((uintptr_t) (row + (long long) (step + pf.dist + n) * b) + 15) & ~(uintptr_t) 15, end);
+    if (hi <= lo) {
+        return;
+    }
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(lo), "r"((unsigned) (hi - lo)) : "memory");
 }
 Prefetch g_prefetch = {0, 0}; // host: what the launchers pass
