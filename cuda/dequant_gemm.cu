@@ -727,8 +727,10 @@ int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_
 // meets once a step (for the tokens' stage) instead of twice. What glmcheck_dqmma spends a step
 // on besides decoding -- the raw blocks' cp.async copies and their addresses, the block-wide scale
 // pass through shared memory and its second barrier, a shared load per word -- is what it drops;
-// and with no raw blocks in shared memory its residency is bound by registers (6 blocks of 4
-// warps an SM against 5), each warp holding the next step's bytes in flight.
+// with no raw blocks in shared memory its residency is bound by registers instead (96 at 8 or 16
+// tokens: 5 blocks of 4 warps an SM, as many as glmcheck_dqmma's shared memory allows), each warp
+// holding the next step's bytes in flight. On an H100 it was no faster than glmcheck_dqmma
+// (reports/gpu-moe.md build W): opt-in.
 //
 // Lane (g, t) owns rows g and g + 8 of its warp's 16 and, of each row's 256-value step, the 32
 // bytes 32t..32t+31 of the block's quants: sub-blocks 2t (low nibbles) and 2t + 1 (high), 64
