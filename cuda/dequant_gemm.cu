@@ -749,6 +749,14 @@ constexpr int XPD = 41 * 16; // bytes of one token's staged step
 
 __device__ __forceinline__ int granule_at(int c) { return 10 * (c >> 3) + (c & 7); }
 
+// The two f16 halves of u as floats (exact: every f16, subnormals too, is an f32).
+__device__ __forceinline__ float2 half2_bits(uint32_t u) {
+    __half2 h;
+    static_assert(sizeof(h) == sizeof(u), "half2 is 32 bits");
+    memcpy(&h, &u, sizeof(u));
+    return __half22float2(h);
+}
+
 struct Q4kRows {
     uint4 hdr[2]; // d, dmin | scales 0..3 | 4..7 | 8..11 of rows g and g + 8
     uint4 q[2][2]; // the lane's 32 quant bytes of each row
@@ -770,7 +778,7 @@ __device__ __forceinline__ void q4k_scale(const uint4 & h, int t, int hi, float 
 // addend of the warp's step exact, sc/ad the one-FMA decode's (256·d1, -(128·d1 + m1)) of row h,
 // nibble hi; else decode32's two operations everywhere, on (d1, m1) in sc/ad. `xl`: the lane's
 // token g, granule 8t, of the step's stage.
-template <int NT, int LIVE, bool FMA1, typename C>
+template <int NT, int LIVE, bool FMA1, typename C, bool H16 = false>
 __device__ __forceinline__ void direct_step(const Q4kRows & r, const float (&sc)[2][2], const float (&ad)[2][2],
                                             const uint8_t * xl, float (&acc)[NT][4]) {
 #pragma unroll
@@ -791,6 +799,17 @@ __device__ __forceinline__ void direct_step(const Q4kRows & r, const float (&sc)
                 for (int h = 0; h < 2; ++h) {
                     const uint4 & q = r.q[h][w / 4];
                     const uint32_t word = (w % 4 == 0 ? q.x : w % 4 == 1 ? q.y : w % 4 == 2 ? q.z : q.w);
+                    if constexpr (H16) {
+                        // bytes 0 and 2 (e), 1 and 3 (o): the nibble hi of each as the f16
+                        // subnormal q·2^-24 (hi 0) or 16q·2^-24 (hi 1), exact in f32
+                        const uint32_t msk = hi ? 0x00F000F0u : 0x000F000Fu;
+                        const float2 e = half2_bits(word & msk), o = half2_bits((word >> 8) & msk);
+                        v[h][0] = __fmaf_rn(s[h], e.x, a[h]);
+                        v[h][1] = __fmaf_rn(s[h], o.x, a[h]);
+                        v[h][2] = __fmaf_rn(s[h], e.y, a[h]);
+                        v[h][3] = __fmaf_rn(s[h], o.y, a[h]);
+                        continue;
+                    }
                     const uint32_t x = (word >> (4 * hi)) & 0x0F0F0F0Fu;
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
@@ -837,16 +856,32 @@ __device__ __forceinline__ bool direct_scales(const Q4kRows & r, int t, float (&
     return ok;
 }
 
-template <int NT, typename C, int L = NT>
+// The f16 decode's scales: (d1·2^24, -m1) for the low nibbles, (d1·2^20, -m1) for the high ones,
+// so that fma(d1·2^24, q·2^-24, -m1) is d1·q - m1 rounded once: decode32's FMA, for every block
+// (the product is exact, as the power-of-two factors are; no addend to keep exact).
+__device__ __forceinline__ void direct_scales_h16(const Q4kRows & r, int t, float (&sc)[2][2], float (&ad)[2][2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+            float d1, m1;
+            q4k_scale(r.hdr[h], t, hi, d1, m1);
+            sc[h][hi] = d1 * (hi ? 0x1p20f : 0x1p24f);
+            ad[h][hi] = -m1;
+        }
+    }
+}
+
+template <int NT, typename C, bool H16 = false, int L = NT>
 __device__ __forceinline__ void direct_step_live(int live, const Q4kRows & r, const float (&sc)[2][2],
                                                  const float (&ad)[2][2], const uint8_t * xl, float (&acc)[NT][4]) {
     if constexpr (L > 1) {
         if (live < L) {
-            direct_step_live<NT, C, L - 1>(live, r, sc, ad, xl, acc);
+            direct_step_live<NT, C, H16, L - 1>(live, r, sc, ad, xl, acc);
             return;
         }
     }
-    direct_step<NT, L, true, C>(r, sc, ad, xl, acc);
+    direct_step<NT, L, true, C, H16>(r, sc, ad, xl, acc);
 }
 
 // Resident blocks an SM the direct-load kernel is built for, i.e. its register cap (65536 / (32·W·n)):
@@ -856,7 +891,7 @@ __host__ __device__ constexpr int direct_min_blocks(int nt, int w) { return w ==
 
 // y[j] = W[experts[z]] · x[src[j]] as glmcheck_dqmma, W Q4_K with 16-byte aligned rows, blocks of
 // 16·W rows (W warps). Grid: (row tiles of 8·NT, n_out / (16·W), active experts).
-template <int NT, int W, typename C>
+template <int NT, int W, typename C, bool H16>
 __global__ void __launch_bounds__(32 * W, direct_min_blocks(NT, W)) glmcheck_dqmma_direct(
         const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes,
         const C * __restrict__ x, const int32_t * __restrict__ src,
@@ -924,7 +959,10 @@ __global__ void __launch_bounds__(32 * W, direct_min_blocks(NT, W)) glmcheck_dqm
         }
         const uint8_t * xl = smem + buf * TN * XPD + g * XPD + 16 * 10 * t; // token g, granule 8t
         float sc[2][2], ad[2][2];
-        if (__all_sync(0xFFFFFFFFu, direct_scales<true>(cur, t, sc, ad))) {
+        if constexpr (H16) {
+            direct_scales_h16(cur, t, sc, ad);
+            direct_step_live<NT, C, true>(live, cur, sc, ad, xl, acc);
+        } else if (__all_sync(0xFFFFFFFFu, direct_scales<true>(cur, t, sc, ad))) {
             direct_step_live<NT, C>(live, cur, sc, ad, xl, acc);
         } else {
             direct_scales<false>(cur, t, sc, ad);
@@ -944,12 +982,12 @@ __global__ void __launch_bounds__(32 * W, direct_min_blocks(NT, W)) glmcheck_dqm
     }
 }
 
-template <int NT, int W, typename C>
+template <int NT, int W, typename C, bool H16>
 int launch_direct(const void * w, long long expert_bytes, long long row_bytes, const void * x, const int32_t * src,
                   const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in,
                   int n_active, int max_rows, cudaStream_t stream) {
     const size_t shared = 2 * 8 * NT * XPD;
-    auto kernel = glmcheck_dqmma_direct<NT, W, C>;
+    auto kernel = glmcheck_dqmma_direct<NT, W, C, H16>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) shared) != cudaSuccess) {
         return 3;
     }
@@ -960,14 +998,14 @@ int launch_direct(const void * w, long long expert_bytes, long long row_bytes, c
 }
 
 // The direct-load kernel with W warps at tile width tn (8, 16, 32; 0: by the busiest expert's rows).
-template <int W, typename C>
+template <int W, typename C, bool H16>
 int launch_direct_tn(int tn, const void * w, long long expert_bytes, long long row_bytes, const void * x,
                      const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y,
                      int n_out, int k_in, int n_active, int max_rows, cudaStream_t stream) {
     if (tn == 0) {
         tn = max_rows <= 8 ? 8 : max_rows <= 16 ? 16 : 32;
     }
-#define GLMCHECK_DIRECT(N) launch_direct<N, W, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
+#define GLMCHECK_DIRECT(N) launch_direct<N, W, C, H16>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
                                                   k_in, n_active, max_rows, stream)
     switch (tn) {
         case 8: return GLMCHECK_DIRECT(1);
@@ -1017,11 +1055,16 @@ int launch_type(int ggml_type, int kernel, int tn, const void * w, long long exp
     const bool aligned = (uintptr_t) w % 16 == 0 && expert_bytes % 16 == 0 && row_bytes % 16 == 0;
     // kernel 2 / 3: the direct-load kernel with 4 / 8 warps where it covers the stack (Q4_K, aligned
     // rows, whole blocks of rows), else the register-decode kernel.
-    if ((kernel == 2 || kernel == 3) && ggml_type == Q4_K && aligned && n_out % (kernel == 2 ? 64 : 128) == 0) {
-        return kernel == 2 ? launch_direct_tn<4, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
-                                                    n_out, k_in, n_active, max_rows, stream)
-                           : launch_direct_tn<8, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
-                                                    n_out, k_in, n_active, max_rows, stream);
+    // kernel 4: the direct-load kernel (4 warps) with the f16 decode.
+    if ((kernel >= 2 && kernel <= 4) && ggml_type == Q4_K && aligned && n_out % (kernel == 3 ? 128 : 64) == 0) {
+        switch (kernel) {
+            case 2: return launch_direct_tn<4, C, false>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
+                                                         n_out, k_in, n_active, max_rows, stream);
+            case 3: return launch_direct_tn<8, C, false>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
+                                                         n_out, k_in, n_active, max_rows, stream);
+            default: return launch_direct_tn<4, C, true>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
+                                                         n_out, k_in, n_active, max_rows, stream);
+        }
     }
     if (kernel != 1) {
 #define GLMCHECK_MMA(Q, A) launch_mma_tn<Q, A, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \

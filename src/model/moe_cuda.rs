@@ -95,19 +95,23 @@ pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
 /// blocks of `w` warps, 4 or 8: each lane loads its own weight bytes into registers, no weight
 /// staging in shared memory) for Q4_K stacks on 16-byte aligned rows, the register kernel for the
 /// rest; it sums each chunk's k in another order than the register kernel (the same terms).
+/// `DirectH16`: the direct-load kernel (4 warps) decoding a nibble pair with one `LOP3` into two
+/// f16 subnormals (q·2^-24, exact as f32), then `fma(d1·2^24, q·2^-24, -m1)`: decode32's FMA for
+/// every block (no addend to test), half the integer-pipe work of the byte permutes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TiledKernel {
     Registers(Option<u8>),
     Runs,
     Direct(u8),
+    DirectH16,
     Shared,
 }
 
 impl TiledKernel {
     /// The default (tile runs), or `GLMCHECK_DEQUANT_EXPERTS=smem` (the shared-memory kernel),
     /// `GLMCHECK_DEQUANT_EXPERTS=one` (the register kernel in one launch at the cost model's
-    /// tile), `GLMCHECK_DEQUANT_EXPERTS=direct|direct8` (the tile runs on the direct-load kernel
-    /// with 4 or 8 warps a block) and `GLMCHECK_DEQUANT_TILE=8|16|32` (one launch at that tile
+    /// tile), `GLMCHECK_DEQUANT_EXPERTS=direct|direct8|directh` (the tile runs on the direct-load
+    /// kernel with 4 or 8 warps a block, or 4 with the f16 decode) and `GLMCHECK_DEQUANT_TILE=8|16|32` (one launch at that tile
     /// width), kept to measure one against the other.
     pub fn from_env() -> TiledKernel {
         match std::env::var_os("GLMCHECK_DEQUANT_EXPERTS") {
@@ -115,6 +119,7 @@ impl TiledKernel {
             Some(v) if v == "one" => return TiledKernel::Registers(None),
             Some(v) if v == "direct" => return TiledKernel::Direct(4),
             Some(v) if v == "direct8" => return TiledKernel::Direct(8),
+            Some(v) if v == "directh" => return TiledKernel::DirectH16,
             _ => {}
         }
         std::env::var("GLMCHECK_DEQUANT_TILE")
@@ -131,6 +136,7 @@ impl TiledKernel {
             TiledKernel::Runs => (0, 0),
             TiledKernel::Direct(8) => (3, 0),
             TiledKernel::Direct(_) => (2, 0),
+            TiledKernel::DirectH16 => (4, 0),
             TiledKernel::Shared => (1, 0),
         }
     }
@@ -258,7 +264,7 @@ impl DequantMatmul<'_> {
     ) -> Result<Vec<(*const i32, i32, i32, i32)>> {
         let all = |tile: usize| vec![(std::ptr::null(), g.active(), tile, g.max_rows())];
         let runs: Vec<(*const i32, usize, usize, usize)> = match self.kernel {
-            TiledKernel::Runs | TiledKernel::Direct(_) => g
+            TiledKernel::Runs | TiledKernel::Direct(_) | TiledKernel::DirectH16 => g
                 .tile_runs(32)
                 .into_iter()
                 .map(|r| {
