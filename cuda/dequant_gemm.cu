@@ -342,6 +342,20 @@ __device__ __forceinline__ float w15_byte(uint32_t x, int i) {
     return __uint_as_float(__byte_perm(x, 0x47000000u, 0x7504 + (i << 4)));
 }
 
+// ---- The f16 decode (H16: an opt-in, GLMCHECK_DEQUANT_EXPERTS=runsh|directh) ----
+// No byte permutes: one LOP3 masks two small integers q of a word into the mantissas of its two
+// f16 halves, i.e. the subnormals q·2^-24 (or 16q·2^-24 for a high nibble), which convert to f32
+// exactly, and fma(d1·2^24, q·2^-24, -m1) is d1·q - m1 rounded once: decode32's FMA for every
+// block (the product is exact; there is no addend to keep exact, so no fallback). Q4_K only: its
+// (d1·2^24 | d1·2^20, -m1) come from dq_scales (direct_scales_h16 in the direct-load kernel).
+// The two f16 halves of u as floats (exact: every f16, subnormals too, is an f32).
+__device__ __forceinline__ float2 half2_bits(uint32_t u) {
+    __half2 h;
+    static_assert(sizeof(h) == sizeof(u), "half2 is 32 bits");
+    memcpy(&h, &u, sizeof(u));
+    return __half22float2(h);
+}
+
 // Floats of a step's row scales per row (+2 so that the 8 rows of a fragment spread over the
 // banks): Q4_K/Q5_K (256·d·sc, -(128·d·sc + dmin·m)) per 32-value sub-block, Q6_K 256·d·sc per 16
 // values (its addend is -0.625 times that, exactly), Q8_0 d per 32. (More floats a row would cost
@@ -367,7 +381,7 @@ __device__ __forceinline__ bool exact_sum(float a, float b, float & s) {
 // warp's loads were 4-way bank conflicts (four of its rows share each bank): the same values, and
 // on an H200 the Q4_K expert launches 3200 → 3040 µs (16 wide) and 1231 → 1147 (32 wide) at 256
 // tokens; Q6_K's (unaligned rows, word() reads) 854 → 867 and 285 → 283 (reports/gpu-moe.md, build V).
-template <int T, bool ALIGNED, typename Blk>
+template <int T, bool ALIGNED, typename Blk, bool H16 = false>
 __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
     constexpr int RS = dq_row_scales<T>();
     const int r = tid % BM, h = tid / BM;
@@ -391,6 +405,11 @@ __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const float d1 = dall * (int) ((sc >> 8 * i) & 0xFF), m1 = dmin * (int) ((m >> 8 * i) & 0xFF);
+            if constexpr (H16 && T == Q4_K) {
+                // sub-block 4h + i: its low (even) or high (odd) nibbles
+                *(float2 *) (out + 2 * (4 * h + i)) = make_float2(d1 * (i % 2 ? 0x1p20f : 0x1p24f), -m1);
+                continue;
+            }
             float c;
             exact &= exact_sum(128.0f * d1, m1, c);
             *(float2 *) (out + 2 * (4 * h + i)) = make_float2(256.0f * d1, -c);
@@ -419,7 +438,7 @@ __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
 // are multiplied (a compile-time count: no branch between a chunk's MMAs, so the compiler
 // interleaves one chunk's decoding with the previous chunk's MMAs). FMA1: the one-FMA decode
 // (Q4_K/Q5_K only when dq_scales found every addend exact; the other types always).
-template <int T, int NT, int LIVE, bool ALIGNED, bool FMA1, typename C>
+template <int T, int NT, int LIVE, bool ALIGNED, bool FMA1, typename C, bool H16 = false>
 __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const float * const (&rs)[2],
                                         const uint8_t * xb, int g, int t, float (&acc)[NT][4]) {
     // The lane's rows as aligned words and one funnel shift each (a row's misalignment is the same
@@ -458,6 +477,7 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
                 const int l = 16 * c + 4 * t; // the lane's values l..l+3 of the sub-blocks
                 const int o = (T == Q4_K ? 16 : 48) + 32 * pair + l;
                 const uint32_t w[2] = {wd(0, o), wd(1, o)};
+                const uint32_t w8[2] = {w[0] >> 8, w[1] >> 8}; // H16: bytes 1 and 3 under 0 and 2
                 uint32_t qh[2] = {0, 0};
                 if constexpr (T == Q5_K) {
                     qh[0] = wd(0, 16 + l);
@@ -469,6 +489,16 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
                     float v[2][4];
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
+                        if constexpr (H16 && T == Q4_K) {
+                            const uint32_t msk = hi ? 0x00F000F0u : 0x000F000Fu;
+                            const float2 f = *(const float2 *) (rs[h] + 2 * s);
+                            const float2 e = half2_bits(w[h] & msk), od = half2_bits(w8[h] & msk);
+                            v[h][0] = __fmaf_rn(f.x, e.x, f.y);
+                            v[h][1] = __fmaf_rn(f.x, od.x, f.y);
+                            v[h][2] = __fmaf_rn(f.x, e.y, f.y);
+                            v[h][3] = __fmaf_rn(f.x, od.y, f.y);
+                            continue;
+                        }
                         uint32_t x = (w[h] >> (4 * hi)) & 0x0F0F0F0Fu;
                         if constexpr (T == Q5_K) {
                             x |= ((qh[h] >> s) & 0x01010101u) << 4; // decode32's `+ 16`: the same integer
@@ -561,21 +591,21 @@ __device__ __forceinline__ void l2_prefetch(const uint8_t * row, int step, int s
 Prefetch g_prefetch = {0, 0}; // host: what the launchers pass
 
 // dq_step with LIVE = live (1..L), the block-uniform count of 8-token groups that hold tokens.
-template <int T, int NT, bool ALIGNED, bool FMA1, typename C, int L = NT>
+template <int T, int NT, bool ALIGNED, bool FMA1, typename C, bool H16 = false, int L = NT>
 __device__ __forceinline__ void dq_step_live(int live, const uint8_t * const (&b)[2], const float * const (&rs)[2],
                                              const uint8_t * xb, int g, int t, float (&acc)[NT][4]) {
     if constexpr (L > 1) {
         if (live < L) {
-            dq_step_live<T, NT, ALIGNED, FMA1, C, L - 1>(live, b, rs, xb, g, t, acc);
+            dq_step_live<T, NT, ALIGNED, FMA1, C, H16, L - 1>(live, b, rs, xb, g, t, acc);
             return;
         }
     }
-    dq_step<T, NT, L, ALIGNED, FMA1, C>(b, rs, xb, g, t, acc);
+    dq_step<T, NT, L, ALIGNED, FMA1, C, H16>(b, rs, xb, g, t, acc);
 }
 
 // As glmcheck_dqmm: y[j] = W[experts[z]] · x[src[j]] for the grouped rows j of active expert z.
 // Grid: (row tiles of 8·NT, n_out / 64, active experts).
-template <int T, int NT, bool ALIGNED, typename C>
+template <int T, int NT, bool ALIGNED, typename C, bool H16 = false>
 __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes,
         const C * __restrict__ x, const int32_t * __restrict__ src,
@@ -656,13 +686,23 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         // with the previous step's scales.
         __syncthreads();
         // Whether every addend of the step is exact (block-uniform): the one-FMA decode.
-        const bool fma1 = __syncthreads_and(dq_scales<T, ALIGNED>(blk, rsc, tid));
+        bool fma1 = true;
+        if constexpr (H16) {
+            dq_scales<T, ALIGNED, decltype(blk), true>(blk, rsc, tid);
+            __syncthreads();
+        } else {
+            fma1 = __syncthreads_and(dq_scales<T, ALIGNED>(blk, rsc, tid));
+        }
         if (step + 1 < steps) {
             stage(buf ^ 1, step + 1);
         }
         const uint8_t * b[2] = {blk(r0), blk(r0 + 8)};
         const float * rs[2] = {rsc + r0 * RS, rsc + (r0 + 8) * RS};
         const int live = (nrows + 7) / 8;
+        if constexpr (H16) {
+            dq_step_live<T, NT, ALIGNED, true, C, true>(live, b, rs, xs + buf * TN * XPB, g, t, acc);
+            continue;
+        }
         if constexpr (T == Q4_K || T == Q5_K) {
             if (!fma1) {
                 dq_step_live<T, NT, ALIGNED, false, C>(live, b, rs, xs + buf * TN * XPB, g, t, acc);
@@ -683,12 +723,12 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
     }
 }
 
-template <int T, int NT, bool ALIGNED, typename C>
+template <int T, int NT, bool ALIGNED, typename C, bool H16 = false>
 int launch_mma(const void * w, long long expert_bytes, long long row_bytes, const void * x, const int32_t * src,
                const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in, int n_active,
                int max_rows, cudaStream_t stream) {
     const size_t shared = 2 * (BM * raw_pitch(T) + 8 * NT * XPB);
-    auto kernel = glmcheck_dqmma<T, NT, ALIGNED, C>;
+    auto kernel = glmcheck_dqmma<T, NT, ALIGNED, C, H16>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) shared) != cudaSuccess
         || cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                 (int) cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
@@ -701,14 +741,14 @@ int launch_mma(const void * w, long long expert_bytes, long long row_bytes, cons
 }
 
 // The register-decode kernel at tile width tn (8, 16 or 32 tokens; 0: by the busiest expert's rows).
-template <int T, bool ALIGNED, typename C>
+template <int T, bool ALIGNED, typename C, bool H16 = false>
 int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_bytes, const void * x,
                   const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in,
                   int n_active, int max_rows, cudaStream_t stream) {
     if (tn == 0) {
         tn = max_rows <= 8 ? 8 : max_rows <= 16 ? 16 : 32;
     }
-#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
+#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C, H16>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
                                                        k_in, n_active, max_rows, stream)
     switch (tn) {
         case 8: return GLMCHECK_DQMMA(1);
@@ -748,14 +788,6 @@ int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_
 constexpr int XPD = 41 * 16; // bytes of one token's staged step
 
 __device__ __forceinline__ int granule_at(int c) { return 10 * (c >> 3) + (c & 7); }
-
-// The two f16 halves of u as floats (exact: every f16, subnormals too, is an f32).
-__device__ __forceinline__ float2 half2_bits(uint32_t u) {
-    __half2 h;
-    static_assert(sizeof(h) == sizeof(u), "half2 is 32 bits");
-    memcpy(&h, &u, sizeof(u));
-    return __half22float2(h);
-}
 
 struct Q4kRows {
     uint4 hdr[2]; // d, dmin | scales 0..3 | 4..7 | 8..11 of rows g and g + 8
@@ -1065,6 +1097,14 @@ int launch_type(int ggml_type, int kernel, int tn, const void * w, long long exp
             default: return launch_direct_tn<4, C, true>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
                                                          n_out, k_in, n_active, max_rows, stream);
         }
+    }
+    // kernel 5: the register-decode kernel with the f16 decode for Q4_K (the rest as kernel 0). For
+    // Q6_K (a 6-bit q assembled from two places) it compiled to more integer work than the permutes.
+    if (kernel == 5 && ggml_type == Q4_K) {
+        return aligned ? launch_mma_tn<Q4_K, true, C, true>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
+                                                            n_out, k_in, n_active, max_rows, stream)
+                       : launch_mma_tn<Q4_K, false, C, true>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
+                                                             n_out, k_in, n_active, max_rows, stream);
     }
     if (kernel != 1) {
 #define GLMCHECK_MMA(Q, A) launch_mma_tn<Q, A, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \

@@ -97,13 +97,15 @@ pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
 /// rest; it sums each chunk's k in another order than the register kernel (the same terms).
 /// `DirectH16`: the direct-load kernel (4 warps) decoding a nibble pair with one `LOP3` into two
 /// f16 subnormals (q·2^-24, exact as f32), then `fma(d1·2^24, q·2^-24, -m1)`: decode32's FMA for
-/// every block (no addend to test), half the integer-pipe work of the byte permutes.
+/// every block (no addend to test), half the integer-pipe work of the byte permutes. `RunsH16`:
+/// the tile runs on the register kernel with that decode for Q4_K (the other types as `Runs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TiledKernel {
     Registers(Option<u8>),
     Runs,
     Direct(u8),
     DirectH16,
+    RunsH16,
     Shared,
 }
 
@@ -111,7 +113,8 @@ impl TiledKernel {
     /// The default (tile runs), or `GLMCHECK_DEQUANT_EXPERTS=smem` (the shared-memory kernel),
     /// `GLMCHECK_DEQUANT_EXPERTS=one` (the register kernel in one launch at the cost model's
     /// tile), `GLMCHECK_DEQUANT_EXPERTS=direct|direct8|directh` (the tile runs on the direct-load
-    /// kernel with 4 or 8 warps a block, or 4 with the f16 decode) and `GLMCHECK_DEQUANT_TILE=8|16|32` (one launch at that tile
+    /// kernel with 4 or 8 warps a block, or 4 with the f16 decode), `=runsh` (the tile runs with
+    /// the f16 decode of Q4_K) and `GLMCHECK_DEQUANT_TILE=8|16|32` (one launch at that tile
     /// width), kept to measure one against the other.
     pub fn from_env() -> TiledKernel {
         match std::env::var_os("GLMCHECK_DEQUANT_EXPERTS") {
@@ -120,6 +123,7 @@ impl TiledKernel {
             Some(v) if v == "direct" => return TiledKernel::Direct(4),
             Some(v) if v == "direct8" => return TiledKernel::Direct(8),
             Some(v) if v == "directh" => return TiledKernel::DirectH16,
+            Some(v) if v == "runsh" => return TiledKernel::RunsH16,
             _ => {}
         }
         std::env::var("GLMCHECK_DEQUANT_TILE")
@@ -137,6 +141,7 @@ impl TiledKernel {
             TiledKernel::Direct(8) => (3, 0),
             TiledKernel::Direct(_) => (2, 0),
             TiledKernel::DirectH16 => (4, 0),
+            TiledKernel::RunsH16 => (5, 0),
             TiledKernel::Shared => (1, 0),
         }
     }
@@ -264,7 +269,10 @@ impl DequantMatmul<'_> {
     ) -> Result<Vec<(*const i32, i32, i32, i32)>> {
         let all = |tile: usize| vec![(std::ptr::null(), g.active(), tile, g.max_rows())];
         let runs: Vec<(*const i32, usize, usize, usize)> = match self.kernel {
-            TiledKernel::Runs | TiledKernel::Direct(_) | TiledKernel::DirectH16 => g
+            TiledKernel::Runs
+            | TiledKernel::Direct(_)
+            | TiledKernel::DirectH16
+            | TiledKernel::RunsH16 => g
                 .tile_runs(32)
                 .into_iter()
                 .map(|r| {
