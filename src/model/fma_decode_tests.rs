@@ -126,3 +126,82 @@ fn llama_cpps_k_quant_blocks_all_take_the_one_fma_decode() {
         "{tensors} tensors, {exact} sub-blocks"
     );
 }
+
+/// The f16 decode (`GLMCHECK_DEQUANT_EXPERTS=runsh|directh`) on the CPU: the nibble q (or 16q for
+/// a high nibble) as the f16 subnormal q·2^-24, converted to f32, then
+/// `fma(d1·2^24 (2^20 for a high nibble), that, -m1)`. Rounded once from `d1·q - m1` for every
+/// block, so it must equal candle's decode bit for bit (there is no addend to keep exact) — on
+/// llama.cpp's blocks and on candle's, the inexact-addend expert included.
+fn f16_decode_q4k(block: &[u8]) -> Vec<f32> {
+    let h = |i: usize| half::f16::from_le_bytes([block[i], block[i + 1]]).to_f32();
+    let (dall, dmin, sc, qs) = (h(0), h(2), &block[4..16], &block[16..144]);
+    let mut y = Vec::with_capacity(256);
+    for p in 0..4 {
+        for hi in 0..2 {
+            let j = 2 * p + hi;
+            let (s, m) = if j < 4 {
+                (sc[j] & 63, sc[j + 4] & 63)
+            } else {
+                (
+                    (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4),
+                    (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4),
+                )
+            };
+            let (d1, m1) = (dall * f32::from(s), dmin * f32::from(m));
+            let scale = d1 * if hi == 0 { 16_777_216.0 } else { 1_048_576.0 };
+            let mask = if hi == 0 { 0x0F } else { 0xF0 };
+            for &b in &qs[32 * p..32 * p + 32] {
+                let sub = half::f16::from_bits(u16::from(b & mask)).to_f32();
+                y.push(scale.mul_add(sub, -m1));
+            }
+        }
+    }
+    y
+}
+
+fn assert_f16_decode(blocks: &[u8], want: &[f32], what: &str) {
+    assert_eq!(blocks.len() / 144 * 256, want.len(), "{what}: sizes");
+    for (i, (b, w)) in blocks
+        .chunks_exact(144)
+        .zip(want.chunks_exact(256))
+        .enumerate()
+    {
+        let got = f16_decode_q4k(b);
+        if let Some(k) = got
+            .iter()
+            .zip(w)
+            .position(|(a, b)| a.to_bits() != b.to_bits())
+        {
+            panic!(
+                "{what}: block {i} value {k}: f16 decode {} where candle decodes {}",
+                got[k], w[k]
+            );
+        }
+    }
+}
+
+#[test]
+fn the_f16_decode_equals_candles_q4k_decode_bit_for_bit() -> Result<()> {
+    // candle's blocks: both experts (the second's addends are inexact: the one-FMA decode falls
+    // back there, the f16 decode must not need to)
+    let q = QTensor::quantize(&two_experts(64, 512)?, GgmlDType::Q4K)?;
+    assert_both_decodes(&q)?;
+    let want = q
+        .dequantize(&Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    assert_f16_decode(&q.data()?, &want, "candle's Q4_K");
+    // llama.cpp's blocks: every Q4_K tensor of the fixture
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny/tiny-Q4_K_M.gguf");
+    let m = crate::gguf::GgufModel::open(&path).expect("fixture");
+    let mut n = 0;
+    for t in m.tensors().filter(|t| t.info.dtype.name == "Q4_K") {
+        // glmcheck's CPU decoder: candle's block decode, checked against it in gguf::dequant
+        let want = t.dequantize().expect("fixture tensor");
+        assert_f16_decode(t.bytes(), &want, &t.info.name);
+        n += 1;
+    }
+    assert!(n >= 10, "{n} Q4_K tensors");
+    Ok(())
+}
