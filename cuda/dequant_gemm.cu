@@ -347,7 +347,7 @@ __device__ __forceinline__ float w15_byte(uint32_t x, int i) {
 // f16 halves, i.e. the subnormals q·2^-24 (or 16q·2^-24 for a high nibble), which convert to f32
 // exactly, and fma(d1·2^24, q·2^-24, -m1) is d1·q - m1 rounded once: decode32's FMA for every
 // block (the product is exact; there is no addend to keep exact, so no fallback). Q4_K only: its
-// (d1·2^24 | d1·2^20, -m1) come from dq_scales (direct_scales_h16 in the direct-load kernel).
+// (d1·2^24 | d1·2^20, -m1) come from dq_scales (direct_scales in the direct-load kernel).
 // The two f16 halves of u as floats (exact: every f16, subnormals too, is an f32).
 __device__ __forceinline__ float2 half2_bits(uint32_t u) {
     __half2 h;
@@ -865,7 +865,10 @@ __device__ __forceinline__ void direct_step(const Q4kRows & r, const float (&sc)
 
 // The lane's four (row h, nibble hi) scales: the one-FMA decode's (256·d1, -(128·d1 + m1)) into
 // sc/ad, FMA1 false: (d1, m1). Returns whether every one-FMA addend is exact in f32.
-template <bool FMA1>
+// H16: the f16 decode's (d1·2^24, -m1) for the low nibbles, (d1·2^20, -m1) for the high ones, so
+// that fma(d1·2^24, q·2^-24, -m1) is d1·q - m1 rounded once: decode32's FMA, for every block (the
+// product is exact, as the power-of-two factors are; no addend to keep exact).
+template <bool FMA1, bool H16 = false>
 __device__ __forceinline__ bool direct_scales(const Q4kRows & r, int t, float (&sc)[2][2], float (&ad)[2][2]) {
     bool ok = true;
 #pragma unroll
@@ -874,7 +877,10 @@ __device__ __forceinline__ bool direct_scales(const Q4kRows & r, int t, float (&
         for (int hi = 0; hi < 2; ++hi) {
             float d1, m1;
             q4k_scale(r.hdr[h], t, hi, d1, m1);
-            if constexpr (FMA1) {
+            if constexpr (H16) {
+                sc[h][hi] = d1 * (hi ? 0x1p20f : 0x1p24f);
+                ad[h][hi] = -m1;
+            } else if constexpr (FMA1) {
                 float c;
                 ok &= exact_sum(128.0f * d1, m1, c);
                 sc[h][hi] = 256.0f * d1;
@@ -886,22 +892,6 @@ __device__ __forceinline__ bool direct_scales(const Q4kRows & r, int t, float (&
         }
     }
     return ok;
-}
-
-// The f16 decode's scales: (d1·2^24, -m1) for the low nibbles, (d1·2^20, -m1) for the high ones,
-// so that fma(d1·2^24, q·2^-24, -m1) is d1·q - m1 rounded once: decode32's FMA, for every block
-// (the product is exact, as the power-of-two factors are; no addend to keep exact).
-__device__ __forceinline__ void direct_scales_h16(const Q4kRows & r, int t, float (&sc)[2][2], float (&ad)[2][2]) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-            float d1, m1;
-            q4k_scale(r.hdr[h], t, hi, d1, m1);
-            sc[h][hi] = d1 * (hi ? 0x1p20f : 0x1p24f);
-            ad[h][hi] = -m1;
-        }
-    }
 }
 
 template <int NT, typename C, bool H16 = false, int L = NT>
@@ -992,7 +982,7 @@ __global__ void __launch_bounds__(32 * W, direct_min_blocks(NT, W)) glmcheck_dqm
         const uint8_t * xl = smem + buf * TN * XPD + g * XPD + 16 * 10 * t; // token g, granule 8t
         float sc[2][2], ad[2][2];
         if constexpr (H16) {
-            direct_scales_h16(cur, t, sc, ad);
+            direct_scales<true, true>(cur, t, sc, ad);
             direct_step_live<NT, C, true>(live, cur, sc, ad, xl, acc);
         } else if (__all_sync(0xFFFFFFFFu, direct_scales<true>(cur, t, sc, ad))) {
             direct_step_live<NT, C>(live, cur, sc, ad, xl, acc);
