@@ -355,6 +355,18 @@ __device__ __forceinline__ float2 half2_bits(uint32_t u) {
     memcpy(&h, &u, sizeof(u));
     return __half22float2(h);
 }
+// The f16 decode's scale of a sub-block's low (hi 0) or high (hi 1) nibbles: d1·2^24 or d1·2^20.
+__device__ __forceinline__ float h16_scale(float d1, int hi) { return d1 * (hi ? 0x1p20f : 0x1p24f); }
+// The four values of word w's nibble hi (w8 = w >> 8), bytes 0..3 in order: bytes 0 and 2 from w,
+// 1 and 3 from w8, each as fma(s, q·2^-24, a) with s = h16_scale(d1, hi), a = -m1.
+__device__ __forceinline__ void h16_decode4(uint32_t w, uint32_t w8, int hi, float s, float a, float (&v)[4]) {
+    const uint32_t msk = hi ? 0x00F000F0u : 0x000F000Fu;
+    const float2 e = half2_bits(w & msk), o = half2_bits(w8 & msk);
+    v[0] = __fmaf_rn(s, e.x, a);
+    v[1] = __fmaf_rn(s, o.x, a);
+    v[2] = __fmaf_rn(s, e.y, a);
+    v[3] = __fmaf_rn(s, o.y, a);
+}
 
 // Floats of a step's row scales per row (+2 so that the 8 rows of a fragment spread over the
 // banks): Q4_K/Q5_K (256·d·sc, -(128·d·sc + dmin·m)) per 32-value sub-block, Q6_K 256·d·sc per 16
@@ -407,7 +419,7 @@ __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
             const float d1 = dall * (int) ((sc >> 8 * i) & 0xFF), m1 = dmin * (int) ((m >> 8 * i) & 0xFF);
             if constexpr (H16 && T == Q4_K) {
                 // sub-block 4h + i: its low (even) or high (odd) nibbles
-                *(float2 *) (out + 2 * (4 * h + i)) = make_float2(d1 * (i % 2 ? 0x1p20f : 0x1p24f), -m1);
+                *(float2 *) (out + 2 * (4 * h + i)) = make_float2(h16_scale(d1, i % 2), -m1);
                 continue;
             }
             float c;
@@ -490,13 +502,8 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         if constexpr (H16 && T == Q4_K) {
-                            const uint32_t msk = hi ? 0x00F000F0u : 0x000F000Fu;
                             const float2 f = *(const float2 *) (rs[h] + 2 * s);
-                            const float2 e = half2_bits(w[h] & msk), od = half2_bits(w8[h] & msk);
-                            v[h][0] = __fmaf_rn(f.x, e.x, f.y);
-                            v[h][1] = __fmaf_rn(f.x, od.x, f.y);
-                            v[h][2] = __fmaf_rn(f.x, e.y, f.y);
-                            v[h][3] = __fmaf_rn(f.x, od.y, f.y);
+                            h16_decode4(w[h], w8[h], hi, f.x, f.y, v[h]);
                             continue;
                         }
                         uint32_t x = (w[h] >> (4 * hi)) & 0x0F0F0F0Fu;
@@ -699,17 +706,13 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         const uint8_t * b[2] = {blk(r0), blk(r0 + 8)};
         const float * rs[2] = {rsc + r0 * RS, rsc + (r0 + 8) * RS};
         const int live = (nrows + 7) / 8;
-        if constexpr (H16) {
-            dq_step_live<T, NT, ALIGNED, true, C, true>(live, b, rs, xs + buf * TN * XPB, g, t, acc);
-            continue;
-        }
-        if constexpr (T == Q4_K || T == Q5_K) {
+        if constexpr (!H16 && (T == Q4_K || T == Q5_K)) { // the f16 decode has no fallback
             if (!fma1) {
                 dq_step_live<T, NT, ALIGNED, false, C>(live, b, rs, xs + buf * TN * XPB, g, t, acc);
                 continue;
             }
         }
-        dq_step_live<T, NT, ALIGNED, true, C>(live, b, rs, xs + buf * TN * XPB, g, t, acc);
+        dq_step_live<T, NT, ALIGNED, true, C, H16>(live, b, rs, xs + buf * TN * XPB, g, t, acc);
     }
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
@@ -832,14 +835,7 @@ __device__ __forceinline__ void direct_step(const Q4kRows & r, const float (&sc)
                     const uint4 & q = r.q[h][w / 4];
                     const uint32_t word = (w % 4 == 0 ? q.x : w % 4 == 1 ? q.y : w % 4 == 2 ? q.z : q.w);
                     if constexpr (H16) {
-                        // bytes 0 and 2 (e), 1 and 3 (o): the nibble hi of each as the f16
-                        // subnormal q·2^-24 (hi 0) or 16q·2^-24 (hi 1), exact in f32
-                        const uint32_t msk = hi ? 0x00F000F0u : 0x000F000Fu;
-                        const float2 e = half2_bits(word & msk), o = half2_bits((word >> 8) & msk);
-                        v[h][0] = __fmaf_rn(s[h], e.x, a[h]);
-                        v[h][1] = __fmaf_rn(s[h], o.x, a[h]);
-                        v[h][2] = __fmaf_rn(s[h], e.y, a[h]);
-                        v[h][3] = __fmaf_rn(s[h], o.y, a[h]);
+                        h16_decode4(word, word >> 8, hi, s[h], a[h], v[h]);
                         continue;
                     }
                     const uint32_t x = (word >> (4 * hi)) & 0x0F0F0F0Fu;
@@ -878,7 +874,7 @@ __device__ __forceinline__ bool direct_scales(const Q4kRows & r, int t, float (&
             float d1, m1;
             q4k_scale(r.hdr[h], t, hi, d1, m1);
             if constexpr (H16) {
-                sc[h][hi] = d1 * (hi ? 0x1p20f : 0x1p24f);
+                sc[h][hi] = h16_scale(d1, hi);
                 ad[h][hi] = -m1;
             } else if constexpr (FMA1) {
                 float c;
