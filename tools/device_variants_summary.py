@@ -24,12 +24,11 @@ def variants(d):
     return out
 
 
-def main():
-    d = Path(sys.argv[1])
+def collect(d):
+    """The figures of result dir D (or of its one result subdir) as a dict."""
     subs = [p for p in d.iterdir() if p.is_dir() and (p / "rc.txt").exists()] if d.is_dir() else []
     if not (d / "rc.txt").exists() and len(subs) == 1:
         d = subs[0]
-    top = int(sys.argv[sys.argv.index("--top") + 1]) if "--top" in sys.argv else 25
     vs = variants(d)
     first = vs[0][0]
     res = {"gpu": (d / "gpu.txt").read_text().strip(), "commit": (d / "commit.txt").read_text().strip(),
@@ -63,6 +62,14 @@ def main():
             continue
         res["bench_best_ms"].setdefault(f"{m.group(3)}@{m.group(1)}", []).append(best)
     res["timed_forward"] = {name: timed(d / f"census-256-{name}.json") for name, _ in vs}
+    return res
+
+
+def main():
+    res = collect(Path(sys.argv[1]))
+    top = int(sys.argv[sys.argv.index("--top") + 1]) if "--top" in sys.argv else 25
+    vs = list(res["variants"].items())
+    first = vs[0][0]
     if "--json" in sys.argv:
         print(json.dumps(res, indent=1))
         return
