@@ -1136,13 +1136,14 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 // y: [rows, n_out]. kernel 0: the register-decode kernel where it covers the type (Q4_K, Q5_K,
 // Q6_K, Q8_0; tn its tile width, 0 by the busiest expert), else and for kernel 1 the
 // shared-memory kernel glmcheck_dqmm; kernels 2 and 3: the direct-load kernel (4 and 8 warps a
-// block) for Q4_K stacks on 16-byte aligned rows, the register-decode kernel for the rest.
+// block) for Q4_K stacks on 16-byte aligned rows, the register-decode kernel for the rest; kernel 4:
+// kernel 2 with the f16 decode of Q4_K; kernel 5: kernel 0 with the f16 decode of Q4_K.
 extern "C" int glmcheck_dequant_matmul(
         int ggml_type, int dtype, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes,
         const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y,
         int n_out, int k_in, int n_active, int max_rows, void * stream) {
     if (n_out % BM != 0 || k_in % KS != 0 || n_active <= 0 || n_active > 65535 || max_rows <= 0
-        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || kernel < 0 || kernel > 3) {
+        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || kernel < 0 || kernel > 5) {
         return 2;
     }
     const cudaStream_t s = (cudaStream_t) stream;

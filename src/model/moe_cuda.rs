@@ -407,7 +407,14 @@ impl CustomOp2 for DequantMatmul<'_> {
         };
         drop(_gt);
         if rc != 0 {
-            candle_core::bail!("{WHAT}: launcher refused (code {rc}; -1: unaligned activations)")
+            let why = match rc {
+                -1 => "unaligned activations",
+                1 => "no kernel for this quant type and dtype",
+                2 => "a shape the tiling does not cover, or an unknown kernel code",
+                3 => "CUDA refused the launch",
+                _ => "an unknown code",
+            };
+            candle_core::bail!("{WHAT}: launcher refused (code {rc}: {why}; kernel {kernel:?})")
         }
         Ok((storage, (rows, out).into()))
     }
