@@ -574,29 +574,6 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
     }
 }
 
-// An experiment (GLMCHECK_DQ_PREFETCH=D,L; off by default): every L steps, the L steps D ahead of a
-// row pulled into L2 with one bulk prefetch (cp.async.bulk.prefetch.L2: a contiguous run of the
-// row's blocks, from the 16-byte boundary below), so that the step's own loads find them there.
-struct Prefetch {
-    int dist, len; // steps ahead, steps a prefetch (0: none)
-};
-__device__ __forceinline__ void l2_prefetch(const uint8_t * row, int step, int steps, int b, Prefetch pf) {
-    if (pf.len <= 0 || step % pf.len != 0 || step + pf.dist >= steps) {
-        return;
-    }
-    const int n = min(pf.len, steps - step - pf.dist);
-    const uintptr_t lo = (uintptr_t) (row + (long long) (step + pf.dist) * b) & ~(uintptr_t) 15;
-    // never past the row's last whole 16 bytes (a row whose end is not on a 16-byte boundary loses
-    // its tail from the prefetch, not a byte beyond it is asked for)
-    const uintptr_t end = (uintptr_t) (row + (long long) steps * b) & ~(uintptr_t) 15;
-    const uintptr_t hi = min(((uintptr_t) (row + (long long) (step + pf.dist + n) * b) + 15) & ~(uintptr_t) 15, end);
-    if (hi <= lo) {
-        return;
-    }
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(lo), "r"((unsigned) (hi - lo)) : "memory");
-}
-Prefetch g_prefetch = {0, 0}; // host: what the launchers pass
-
 // dq_step with LIVE = live (1..L), the block-uniform count of 8-token groups that hold tokens.
 template <int T, int NT, bool ALIGNED, bool FMA1, typename C, bool H16 = false, int L = NT>
 __device__ __forceinline__ void dq_step_live(int live, const uint8_t * const (&b)[2], const float * const (&rs)[2],
@@ -617,7 +594,7 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes,
         const C * __restrict__ x, const int32_t * __restrict__ src,
         const int32_t * __restrict__ bounds, const int32_t * __restrict__ experts, const int32_t * __restrict__ zlist,
-        C * __restrict__ y, int n_out, int k_in, Prefetch pf) {
+        C * __restrict__ y, int n_out, int k_in) {
     constexpr int TN = 8 * NT, B = bytes_256(T), CH = raw_chunks(T), P = raw_pitch(T), RS = dq_row_scales<T>();
     const int z = zlist ? zlist[blockIdx.z] : (int) blockIdx.z; // the active expert of this grid plane
     const int row0 = bounds[z] + blockIdx.x * TN;
@@ -647,9 +624,6 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
     const long long wstride = (THREADS / 16) * row_bytes;
     const int steps = k_in / KS;
     auto stage = [&](int buf, int step) {
-        if (tid < BM) {
-            l2_prefetch(wexp + (long long) tid * row_bytes, step, steps, B, pf);
-        }
         const uint8_t * srcp = wrow + (long long) step * B;
         uint8_t * dst = raw + (buf * BM + tid / 16) * P;
 #pragma unroll
@@ -739,7 +713,7 @@ int launch_mma(const void * w, long long expert_bytes, long long row_bytes, cons
     }
     const dim3 grid((max_rows + 8 * NT - 1) / (8 * NT), n_out / BM, n_active);
     kernel<<<grid, THREADS, shared, stream>>>((const uint8_t *) w, expert_bytes, row_bytes, (const C *) x, src, bounds,
-                                              experts, zlist, (C *) y, n_out, k_in, g_prefetch);
+                                              experts, zlist, (C *) y, n_out, k_in);
     return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
 
@@ -914,7 +888,7 @@ __global__ void __launch_bounds__(32 * W, direct_min_blocks(NT, W)) glmcheck_dqm
         const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes,
         const C * __restrict__ x, const int32_t * __restrict__ src,
         const int32_t * __restrict__ bounds, const int32_t * __restrict__ experts, const int32_t * __restrict__ zlist,
-        C * __restrict__ y, int n_out, int k_in, Prefetch pf) {
+        C * __restrict__ y, int n_out, int k_in) {
     constexpr int TN = 8 * NT, B = 144, NTH = 32 * W;
     const int z = zlist ? zlist[blockIdx.z] : (int) blockIdx.z;
     const int row0 = bounds[z] + blockIdx.x * TN;
@@ -935,9 +909,6 @@ __global__ void __launch_bounds__(32 * W, direct_min_blocks(NT, W)) glmcheck_dqm
     const uint8_t * wr[2] = {wexp + (long long) r0 * row_bytes, wexp + (long long) (r0 + 8) * row_bytes};
 
     auto load = [&](Q4kRows & r, int step) {
-        if (t < 2) {
-            l2_prefetch(wr[t], step, k_in / KS, B, pf);
-        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const uint8_t * b = wr[h] + (long long) step * B;
@@ -1011,7 +982,7 @@ int launch_direct(const void * w, long long expert_bytes, long long row_bytes, c
     }
     const dim3 grid((max_rows + 8 * NT - 1) / (8 * NT), n_out / (16 * W), n_active);
     kernel<<<grid, 32 * W, shared, stream>>>((const uint8_t *) w, expert_bytes, row_bytes, (const C *) x, src, bounds,
-                                             experts, zlist, (C *) y, n_out, k_in, g_prefetch);
+                                             experts, zlist, (C *) y, n_out, k_in);
     return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
 
@@ -1119,10 +1090,6 @@ int launch_type(int ggml_type, int kernel, int tn, const void * w, long long exp
 }
 
 } // namespace
-
-// The register-decode and direct-load kernels' L2 prefetch (an experiment): every `len` steps, the
-// `len` steps `dist` ahead of each row; len 0 (the default) turns it off.
-extern "C" void glmcheck_dq_prefetch(int dist, int len) { g_prefetch = {dist > 0 ? dist : 0, len > 0 ? len : 0}; }
 
 // Whether glmcheck_dequant_matmul has a kernel for this ggml type (ggml's numbering).
 extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(ggml_type) != 0; }

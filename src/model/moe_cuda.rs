@@ -28,7 +28,6 @@ extern "C" {
         expert_elems: i64,
         stream: *mut std::ffi::c_void,
     ) -> i32;
-    fn glmcheck_dq_prefetch(dist: i32, len: i32);
     fn glmcheck_dequant_matmul(
         ggml_type: i32,
         dtype: i32,
@@ -55,20 +54,6 @@ extern "C" {
 /// `cuda/dequant_experts.cu`: the same ten types).
 pub(crate) fn grouped_type(t: GgmlDType) -> bool {
     kernel_type(t).is_some()
-}
-
-/// An experiment: `GLMCHECK_DQ_PREFETCH=D,L` makes the register-decode and direct-load kernels pull
-/// the L steps D ahead of each row into L2 every L steps (one bulk prefetch of a contiguous run);
-/// unset or unreadable: off. Read once.
-fn dq_prefetch_from_env() {
-    static SET: std::sync::Once = std::sync::Once::new();
-    SET.call_once(|| {
-        let v = std::env::var("GLMCHECK_DQ_PREFETCH").unwrap_or_default();
-        let mut it = v.split(',').map(|p| p.trim().parse::<i32>());
-        if let (Some(Ok(d)), Some(Ok(l))) = (it.next(), it.next()) {
-            unsafe { glmcheck_dq_prefetch(d, l) };
-        }
-    });
 }
 
 /// Whether dequant mode's tiled kernels (`cuda/dequant_gemm.cu`: blocks decoded on the fly and
@@ -357,7 +342,6 @@ impl CustomOp2 for DequantMatmul<'_> {
         };
         let (kernel, tn) = self.kernel.codes();
         let launches = self.launches(g, seg.by_size, tn)?;
-        dq_prefetch_from_env();
         // The kernel copies 16-byte pieces of each activation row.
         let launch = |code: i32, x: u64, y: *mut std::ffi::c_void| {
             if !x.is_multiple_of(16) {
