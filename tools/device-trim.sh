@@ -3,6 +3,9 @@
 # are ~100 MB. `tools/device-trim.sh out` moves the fixtures a GPU run does not need into
 # .git/device-trim/ (never lost with the working tree), `tools/device-trim.sh in` puts them back.
 # A GPU run of tools/device_fixture_check.sh needs only tiny-F32, tiny-Q4_K_M, tiny-Q8_0 and prompt0.
+# `tools/device-trim.sh out all` moves those too (and the rest of fixtures/tiny/activations): a checkout
+# of ~4 MB, for a call that carries the binaries and the transformers wheels (~41 MB) and runs no
+# fixture (tools/device_variants.sh, tools/device_gpu_bench.sh). `in` puts back whatever is stashed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stash=.git/device-trim
@@ -14,6 +17,10 @@ paths=(
   fixtures/tiny/hf_kv_b_proj.safetensors fixtures/split-gguf-py fixtures/foreign fixtures/golden
   fuzz/corpus
 )
+if [ "${2:-}" = all ]; then
+  paths+=(fixtures/tiny/tiny-F32.gguf fixtures/tiny/tiny-Q4_K_M.gguf fixtures/tiny/tiny-Q8_0.gguf)
+  for f in fixtures/tiny/activations/*; do paths+=("$f"); done
+fi
 case "${1:-}" in
   out)
     for p in "${paths[@]}"; do
@@ -22,11 +29,12 @@ case "${1:-}" in
       mv "$p" "$stash/$p"
     done ;;
   in)
-    for p in "${paths[@]}"; do
-      [ -e "$stash/$p" ] || continue
-      mkdir -p "$(dirname "$p")"
-      mv "$stash/$p" "$p"
+    # every file stashed, whichever level moved it
+    [ -d "$stash" ] && (cd "$stash" && find . -type f) | while IFS= read -r f; do
+      mkdir -p "$(dirname "$f")"
+      mv "$stash/$f" "$f"
     done
+    [ -d "$stash" ] && find "$stash" -depth -type d -empty -delete
     git status --short -- fixtures fuzz ;;
-  *) echo "usage: $0 out|in" >&2; exit 2 ;;
+  *) echo "usage: $0 out [all]|in" >&2; exit 2 ;;
 esac

@@ -3,7 +3,8 @@
 # the same forward of the 3-layer real-size synth, for a choice between routes that are all built
 # in (e.g. GLMCHECK_DEQUANT_EXPERTS=one against the default tile runs, GLMCHECK_FUSED=off):
 #  0. TESTBIN's tests matching TEST_FILTERS (at most 90 s; skipped when TEST_FILTERS is unset);
-#  1. the synth (`synth --dims glm5 --layers 3 --qtype q4_k_m`) unless $GPU_BENCH_WORK/m.gguf exists;
+#  1. the synth (`synth --dims glm5 --layers ${LAYERS:-3} --qtype q4_k_m`; LAYERS=2: one MoE layer, ~half
+#     the time) unless $GPU_BENCH_WORK/m.gguf exists;
 #  2. at 256 tokens, --matmul MODE (dequant unless MODE=q8): the FIRST variant's dump, and every
 #     other variant's forward against it (`--reference`: per-module rel-L2, max |diff|);
 #  3. ROUNDS (2) interleaved `--bench 5` rounds of every variant at 256 tokens (and at 16 with
@@ -41,7 +42,7 @@ if [ -n "${TEST_FILTERS:-}" ]; then
   step unit "${UNIT_LIMIT:-90}" "$tests" --test-threads 1 --nocapture $TEST_FILTERS
 fi
 # 1. the model
-[ -f "$model" ] || step synth 200 "$bin" synth --dims glm5 --layers 3 --qtype q4_k_m --out "$model" --force --json
+[ -f "$model" ] || step synth 200 "$bin" synth --dims glm5 --layers "${LAYERS:-3}" --qtype q4_k_m --out "$model" --force --json
 [ -f "$model" ] || { echo "no model" >&2; exit 1; }
 fwd() { echo forward "$model" --device cuda --dtype bf16 --matmul "${MODE:-dequant}" --max-new-tokens 0 --json --tokens "$(seq -s, 1000 $((999 + $1)))"; }
 # 2. every variant against the first one's dump
