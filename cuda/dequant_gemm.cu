@@ -1096,8 +1096,9 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 
 // Returns 0 when launched; 1: no kernel for the quant type or dtype (dtype 1 f16, 2 bf16); 2: a
 // shape the tiling does not cover (n_out % 64, k_in % 256, an empty or too large grid, a tile width
-// not 0, 8, 16 or 32); 3: CUDA refused the launch. x: [*, k_in] contiguous rows of the compute dtype
-// (16-byte aligned rows); src: the x row of each grouped row (null: grouped row j is x's row j);
+// not 0, 8, 16 or 32) or a kernel code outside 0..5; 3: CUDA refused the launch. x: [*, k_in]
+// contiguous rows of the compute dtype (16-byte aligned rows); src: the x row of each grouped row
+// (null: grouped row j is x's row j);
 // zlist: the active experts (indices into bounds/experts) this launch covers, n_active of them
 // (null: all, in order: one launch per tile width, the busy experts in a wider one);
 // y: [rows, n_out]. kernel 0: the register-decode kernel where it covers the type (Q4_K, Q5_K,

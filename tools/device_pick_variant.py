@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Pick the variant a follow-up GPU call should run with, from a tools/device_variants.sh result dir.
 
-Usage: tools/device_pick_variant.py RESULT_DIR [--margin 0.02]
+Usage: tools/device_pick_variant.py [--margin 0.02] RESULT_DIR
 Prints one line: the chosen variant's environment (VAR=V pairs, empty for the defaults), for
 `env $(tools/device_pick_variant.py /tmp/v) …` on a machine still warm from the variants call; the
 reasoning goes to stderr. A variant qualifies when its 256-token forward was within tolerance of the
-first variant's dump, every interleaved round of it ran, and no unit test failed; the fastest
+first variant's dump, every interleaved 256-token round of it ran (and of the first), and the unit
+step neither failed nor timed out; the fastest
 (mean of its rounds' best-of-5 at 256 tokens) wins when it beats the first variant by more than the
 margin, else the first variant (the defaults) stays.
 """
@@ -21,24 +22,32 @@ def mean(xs):
 
 
 def main():
-    res = collect(Path(sys.argv[1]))
-    margin = float(sys.argv[sys.argv.index("--margin") + 1]) if "--margin" in sys.argv else 0.02
+    args = sys.argv[1:]
+    margin = 0.02
+    if "--margin" in args:
+        i = args.index("--margin")
+        margin = float(args[i + 1])
+        del args[i:i + 2]
+    res = collect(Path(args[0]))
     names = list(res["variants"])
     first = names[0]
-    rounds = max((len(xs) for xs in res["bench_best_ms"].values()), default=0)
-    times = {n: mean(res["bench_best_ms"].get(f"{n}@256", [])) for n in names}
-    if res["unit_failed"] or times[first] is None:
-        print(f"defaults kept: unit failures {res['unit_failed']}, first variant timed {times[first]}",
-              file=sys.stderr)
+    runs = {n: res["bench_best_ms"].get(f"{n}@256", []) for n in names}
+    rounds = max(len(xs) for xs in runs.values())
+    times = {n: mean(xs) for n, xs in runs.items()}
+    # a unit step that failed, timed out or crashed (rc.txt) blocks every pick, as a FAILED test does
+    unit_rc = [l for l in res["rc"] if l.startswith("unit ") and " rc=0 " not in l + " "]
+    if res["unit_failed"] or unit_rc or len(runs[first]) < rounds or not rounds:
+        print(f"defaults kept: unit failures {res['unit_failed'] or unit_rc}, first variant's rounds "
+              f"{runs[first]} of {rounds}", file=sys.stderr)
         print(res["variants"][first])
         return
     ok = [first]
     for n in names[1:]:
         vs = res["vs_first_256"].get(n, {})
-        if vs.get("verdict") == "within tolerance" and len(res["bench_best_ms"].get(f"{n}@256", [])) == rounds:
+        if vs.get("verdict") == "within tolerance" and len(runs[n]) == rounds:
             ok.append(n)
         else:
-            print(f"{n} not eligible: {vs}, rounds {res['bench_best_ms'].get(f'{n}@256')}", file=sys.stderr)
+            print(f"{n} not eligible: {vs}, rounds {runs[n]}", file=sys.stderr)
     best = min(ok, key=lambda n: times[n])
     if best != first and times[best] > times[first] * (1 - margin):
         best = first

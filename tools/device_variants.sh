@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine, one call: several settings of ONE glmcheck binary (environment variants) on
-# the same forward of the 3-layer real-size synth, for a choice between routes that are all built
-# in (e.g. GLMCHECK_DEQUANT_EXPERTS=one against the default tile runs, GLMCHECK_FUSED=off):
+# the same forward of the 3-layer real-size synth (or LAYERS), for a choice between routes that are
+# all built in (e.g. GLMCHECK_DEQUANT_EXPERTS=one against the default tile runs, GLMCHECK_FUSED=off):
 #  0. TESTBIN's tests matching TEST_FILTERS (at most 90 s; skipped when TEST_FILTERS is unset);
 #  1. the synth (`synth --dims glm5 --layers ${LAYERS:-3} --qtype q4_k_m`; LAYERS=2: one MoE layer, ~half
-#     the time) unless $GPU_BENCH_WORK/m.gguf exists;
+#     the time) unless $GPU_BENCH_WORK/m.gguf (m-<LAYERS>l.gguf) exists;
 #  2. at 256 tokens, --matmul MODE (dequant unless MODE=q8): the FIRST variant's dump, and every
 #     other variant's forward against it (`--reference`: per-module rel-L2, max |diff|);
 #  3. ROUNDS (2) interleaved `--bench 5` rounds of every variant at 256 tokens (and at 16 with
@@ -23,6 +23,8 @@ bin=$(readlink -f "$1"); tests=$(readlink -f "$2"); out=$3; shift 3
 mkdir -p "$out"; out=$(readlink -f "$out")
 T0=$(date +%s); DEADLINE=${DEADLINE:-570}
 work=${GPU_BENCH_WORK:-/tmp/gpub}; mkdir -p "$work"; model=$work/m.gguf
+# another layer count is another file: the 3-layer m.gguf is what the other device scripts reuse
+[ "${LAYERS:-3}" = 3 ] || model=$work/m-${LAYERS}l.gguf
 . "$(dirname "$0")/device_common.sh"
 # one executable per variant (its environment set), names in order
 names=()

@@ -391,14 +391,18 @@ impl CustomOp2 for DequantMatmul<'_> {
         };
         drop(_gt);
         if rc != 0 {
+            // -1 is this function's own (the closure above); 1..3 are glmcheck_dequant_matmul's
             let why = match rc {
-                -1 => "unaligned activations",
-                1 => "no kernel for this quant type and dtype",
+                -1 => "activations not on a 16-byte boundary",
+                1 => "no kernel for this quant type or dtype",
                 2 => "a shape the tiling does not cover, or an unknown kernel code",
                 3 => "CUDA refused the launch",
                 _ => "an unknown code",
             };
-            candle_core::bail!("{WHAT}: launcher refused (code {rc}: {why}; kernel {kernel:?})")
+            candle_core::bail!(
+                "{WHAT}: launcher refused (code {rc}: {why}; kernel {:?}, tile {tn})",
+                self.kernel
+            )
         }
         Ok((storage, (rows, out).into()))
     }
