@@ -34,6 +34,15 @@ def collect(d):
     res = {"gpu": (d / "gpu.txt").read_text().strip(), "commit": (d / "commit.txt").read_text().strip(),
            "variants": dict(vs)}
     res["rc"] = [l for l in (d / "rc.txt").read_text().split("\n") if l]
+    # each failed step's first error line (else its first line): why it failed, without opening logs
+    res["why_failed"] = {}
+    for l in res["rc"]:
+        name = l.split(" ", 1)[0]
+        log = d / f"{name}.log"
+        if " rc=0 " not in l + " " and log.exists():
+            lines = [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
+            why = next((x for x in lines if re.search(r"panicked|error", x, re.I)), lines[0] if lines else "")
+            res["why_failed"][name] = why[:300]
     unit = "".join((d / f).read_text(errors="replace") for f in ("unit.log", "unit.json") if (d / f).exists())
     res["unit"] = re.findall(r"test result: \w+\. \d+ passed; \d+ failed", unit)
     res["unit_failed"] = re.findall(r"^test (\S+) \.\.\. FAILED", unit, re.M)
@@ -78,6 +87,8 @@ def main():
         print(f"variant {name}: {env or '(defaults)'}")
     failed = [l for l in res["rc"] if " rc=0 " not in l + " "]
     print("steps not ending rc=0:", "; ".join(failed) if failed else "none")
+    for name, why in res["why_failed"].items():
+        print(f"  {name}: {why}")
     print("unit:", "; ".join(res["unit"]) or "no result line", "failed:", res["unit_failed"] or "none")
     for n, m in res["vs_first_256"].items():
         print(f"{n} vs {first} at 256 tokens: {m}")
