@@ -35,24 +35,33 @@ pub(crate) fn two_experts(out: usize, inp: usize) -> Result<Tensor> {
     Tensor::from_vec(all, (2, out, inp), &Device::Cpu)
 }
 
-/// Q4_K/Q5_K sub-blocks (8 per 144- or 176-byte block: `d`, `dmin`, 12 packed scale bytes first)
-/// whose addend `128·d·sc + dmin·m` is exact in f32, and those whose is not: (exact, inexact).
-/// The kernel's `dq_scales` test, on the CPU (f64 holds the sum exactly).
+/// A Q4_K/Q5_K block's (`d·sc`, `dmin·m`) per sub-block (`d`, `dmin`, 12 packed scale bytes
+/// first; the 6-bit scales and mins unpacked as ggml's `get_scale_min_k4`). Both products are exact.
+pub(crate) fn k4_sub_scales(b: &[u8]) -> [(f32, f32); 8] {
+    let h = |i: usize| half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
+    let (dall, dmin, q) = (h(0), h(2), &b[4..16]);
+    std::array::from_fn(|j| {
+        let (sc, m) = if j < 4 {
+            (q[j] & 63, q[j + 4] & 63)
+        } else {
+            (
+                (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+                (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+            )
+        };
+        (dall * f32::from(sc), dmin * f32::from(m))
+    })
+}
+
+/// Q4_K/Q5_K sub-blocks (8 per 144- or 176-byte block) whose addend `128·d·sc + dmin·m` is exact
+/// in f32, and those whose is not: (exact, inexact). The kernel's `dq_scales` test, on the CPU
+/// (f64 holds the sum exactly).
 pub(crate) fn k4_addends(blocks: &[u8], block_bytes: usize) -> (usize, usize) {
     let (mut exact, mut inexact) = (0, 0);
     for b in blocks.chunks_exact(block_bytes) {
-        let h = |i: usize| half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
-        let (dall, dmin, q) = (h(0), h(2), &b[4..16]);
-        for j in 0..8 {
-            let (sc, m) = if j < 4 {
-                (q[j] & 63, q[j + 4] & 63)
-            } else {
-                (
-                    (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
-                    (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-                )
-            };
-            let (a, m1) = (128.0 * dall * f32::from(sc), dmin * f32::from(m));
+        for (d1, m1) in k4_sub_scales(b) {
+            // 128·(d·sc): a power of two times an exact product, the kernel's 128·d1
+            let a = 128.0 * d1;
             if f64::from(a + m1) == f64::from(a) + f64::from(m1) {
                 exact += 1;
             } else {
@@ -133,21 +142,11 @@ fn llama_cpps_k_quant_blocks_all_take_the_one_fma_decode() {
 /// block, so it must equal candle's decode bit for bit (there is no addend to keep exact) — on
 /// llama.cpp's blocks and on candle's, the inexact-addend expert included.
 fn f16_decode_q4k(block: &[u8]) -> Vec<f32> {
-    let h = |i: usize| half::f16::from_le_bytes([block[i], block[i + 1]]).to_f32();
-    let (dall, dmin, sc, qs) = (h(0), h(2), &block[4..16], &block[16..144]);
+    let (scales, qs) = (k4_sub_scales(block), &block[16..144]);
     let mut y = Vec::with_capacity(256);
     for p in 0..4 {
         for hi in 0..2 {
-            let j = 2 * p + hi;
-            let (s, m) = if j < 4 {
-                (sc[j] & 63, sc[j + 4] & 63)
-            } else {
-                (
-                    (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4),
-                    (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4),
-                )
-            };
-            let (d1, m1) = (dall * f32::from(s), dmin * f32::from(m));
+            let (d1, m1) = scales[2 * p + hi];
             let scale = d1 * if hi == 0 { 16_777_216.0 } else { 1_048_576.0 };
             let mask = if hi == 0 { 0x0F } else { 0xF0 };
             for &b in &qs[32 * p..32 * p + 32] {
