@@ -589,7 +589,10 @@ __device__ __forceinline__ void dq_step_live(int live, const uint8_t * const (&b
 
 // As glmcheck_dqmm: y[j] = W[experts[z]] · x[src[j]] for the grouped rows j of active expert z.
 // Grid: (row tiles of 8·NT, n_out / 64, active experts).
-template <int T, int NT, bool ALIGNED, typename C, bool H16 = false>
+// EARLY (kernel code 6, an opt-in): the next step's copies are issued BEFORE waiting for this
+// step's (after a barrier that frees the other buffer), so two steps' bytes are in flight while a
+// block waits, instead of one; the cost is a third barrier a step. The same values bit for bit.
+template <int T, int NT, bool ALIGNED, typename C, bool H16 = false, bool EARLY = false>
 __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes,
         const C * __restrict__ x, const int32_t * __restrict__ src,
@@ -662,7 +665,19 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
             const int mis = ALIGNED ? 0 : (int) ((uintptr_t) (wexp + r * row_bytes + (long long) step * B) & 15);
             return raw + (buf * BM + r) * P + mis;
         };
-        __pipeline_wait_prior(0);
+        if constexpr (EARLY) {
+            // Everyone is done with the other buffer (the previous step's) and its scales: the next
+            // step's copies go out now, then this step's are waited for (one group may stay in flight).
+            __syncthreads();
+            if (step + 1 < steps) {
+                stage(buf ^ 1, step + 1);
+                __pipeline_wait_prior(1);
+            } else {
+                __pipeline_wait_prior(0);
+            }
+        } else {
+            __pipeline_wait_prior(0);
+        }
         // Everyone's copies of this step have landed; everyone is done with the other buffer and
         // with the previous step's scales.
         __syncthreads();
@@ -674,7 +689,7 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         } else {
             fma1 = __syncthreads_and(dq_scales<T, ALIGNED>(blk, rsc, tid));
         }
-        if (step + 1 < steps) {
+        if (!EARLY && step + 1 < steps) {
             stage(buf ^ 1, step + 1);
         }
         const uint8_t * b[2] = {blk(r0), blk(r0 + 8)};
@@ -700,12 +715,12 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
     }
 }
 
-template <int T, int NT, bool ALIGNED, typename C, bool H16 = false>
+template <int T, int NT, bool ALIGNED, typename C, bool H16 = false, bool EARLY = false>
 int launch_mma(const void * w, long long expert_bytes, long long row_bytes, const void * x, const int32_t * src,
                const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in, int n_active,
                int max_rows, cudaStream_t stream) {
     const size_t shared = 2 * (BM * raw_pitch(T) + 8 * NT * XPB);
-    auto kernel = glmcheck_dqmma<T, NT, ALIGNED, C, H16>;
+    auto kernel = glmcheck_dqmma<T, NT, ALIGNED, C, H16, EARLY>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) shared) != cudaSuccess
         || cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                 (int) cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
@@ -718,14 +733,14 @@ int launch_mma(const void * w, long long expert_bytes, long long row_bytes, cons
 }
 
 // The register-decode kernel at tile width tn (8, 16 or 32 tokens; 0: by the busiest expert's rows).
-template <int T, bool ALIGNED, typename C, bool H16 = false>
+template <int T, bool ALIGNED, typename C, bool H16 = false, bool EARLY = false>
 int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_bytes, const void * x,
                   const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in,
                   int n_active, int max_rows, cudaStream_t stream) {
     if (tn == 0) {
         tn = max_rows <= 8 ? 8 : max_rows <= 16 ? 16 : 32;
     }
-#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C, H16>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
+#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C, H16, EARLY>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
                                                        k_in, n_active, max_rows, stream)
     switch (tn) {
         case 8: return GLMCHECK_DQMMA(1);
@@ -1063,7 +1078,20 @@ int launch_type(int ggml_type, int kernel, int tn, const void * w, long long exp
                        : launch_mma_tn<Q4_K, false, C, true>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
                                                              n_out, k_in, n_active, max_rows, stream);
     }
-    if (kernel != 1) {
+    // kernel 6: the register-decode kernel issuing the next step's copies early (EARLY above).
+    if (kernel == 6) {
+#define GLMCHECK_MMA(Q, A) launch_mma_tn<Q, A, C, false, true>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
+                                                            n_out, k_in, n_active, max_rows, stream)
+        switch (ggml_type) {
+            case Q4_K: return aligned ? GLMCHECK_MMA(Q4_K, true) : GLMCHECK_MMA(Q4_K, false);
+            case Q5_K: return aligned ? GLMCHECK_MMA(Q5_K, true) : GLMCHECK_MMA(Q5_K, false);
+            case Q6_K: return GLMCHECK_MMA(Q6_K, false);
+            case Q8_0: return GLMCHECK_MMA(Q8_0, false);
+            default: break; // the shared-memory kernel below
+        }
+#undef GLMCHECK_MMA
+    }
+    if (kernel != 1 && kernel != 6) {
 #define GLMCHECK_MMA(Q, A) launch_mma_tn<Q, A, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
                                                  k_in, n_active, max_rows, stream)
         switch (ggml_type) {
@@ -1096,7 +1124,7 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 
 // Returns 0 when launched; 1: no kernel for the quant type or dtype (dtype 1 f16, 2 bf16); 2: a
 // shape the tiling does not cover (n_out % 64, k_in % 256, an empty or too large grid, a tile width
-// not 0, 8, 16 or 32) or a kernel code outside 0..5; 3: CUDA refused the launch. x: [*, k_in]
+// not 0, 8, 16 or 32) or a kernel code outside 0..6; 3: CUDA refused the launch. x: [*, k_in]
 // contiguous rows of the compute dtype (16-byte aligned rows); src: the x row of each grouped row
 // (null: grouped row j is x's row j);
 // zlist: the active experts (indices into bounds/experts) this launch covers, n_active of them
@@ -1105,13 +1133,14 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 // Q6_K, Q8_0; tn its tile width, 0 by the busiest expert), else and for kernel 1 the
 // shared-memory kernel glmcheck_dqmm; kernels 2 and 3: the direct-load kernel (4 and 8 warps a
 // block) for Q4_K stacks on 16-byte aligned rows, the register-decode kernel for the rest; kernel 4:
-// kernel 2 with the f16 decode of Q4_K; kernel 5: kernel 0 with the f16 decode of Q4_K.
+// kernel 2 with the f16 decode of Q4_K; kernel 5: kernel 0 with the f16 decode of Q4_K; kernel 6:
+// kernel 0 issuing each step's copies before waiting for the step before (EARLY).
 extern "C" int glmcheck_dequant_matmul(
         int ggml_type, int dtype, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes,
         const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y,
         int n_out, int k_in, int n_active, int max_rows, void * stream) {
     if (n_out % BM != 0 || k_in % KS != 0 || n_active <= 0 || n_active > 65535 || max_rows <= 0
-        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || kernel < 0 || kernel > 5) {
+        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || kernel < 0 || kernel > 6) {
         return 2;
     }
     const cudaStream_t s = (cudaStream_t) stream;

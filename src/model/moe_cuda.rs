@@ -84,6 +84,8 @@ pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
 /// f16 subnormals (q·2^-24, exact as f32), then `fma(d1·2^24, q·2^-24, -m1)`: decode32's FMA for
 /// every block (no addend to test), half the integer-pipe work of the byte permutes. `RunsH16`:
 /// the tile runs on the register kernel with that decode for Q4_K (the other types as `Runs`).
+/// `RunsEarly`: the tile runs on the register kernel issuing each step's copies before waiting for
+/// the step before (two steps' bytes in flight while a block waits; the same values bit for bit).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TiledKernel {
     Registers(Option<u8>),
@@ -91,6 +93,7 @@ pub enum TiledKernel {
     Direct(u8),
     DirectH16,
     RunsH16,
+    RunsEarly,
     Shared,
 }
 
@@ -99,7 +102,8 @@ impl TiledKernel {
     /// `GLMCHECK_DEQUANT_EXPERTS=one` (the register kernel in one launch at the cost model's
     /// tile), `GLMCHECK_DEQUANT_EXPERTS=direct|direct8|directh` (the tile runs on the direct-load
     /// kernel with 4 or 8 warps a block, or 4 with the f16 decode), `=runsh` (the tile runs with
-    /// the f16 decode of Q4_K) and `GLMCHECK_DEQUANT_TILE=8|16|32` (one launch at that tile
+    /// the f16 decode of Q4_K), `=early` (the tile runs issuing copies a step earlier) and
+    /// `GLMCHECK_DEQUANT_TILE=8|16|32` (one launch at that tile
     /// width), kept to measure one against the other.
     pub fn from_env() -> TiledKernel {
         match std::env::var_os("GLMCHECK_DEQUANT_EXPERTS") {
@@ -109,6 +113,7 @@ impl TiledKernel {
             Some(v) if v == "direct8" => return TiledKernel::Direct(8),
             Some(v) if v == "directh" => return TiledKernel::DirectH16,
             Some(v) if v == "runsh" => return TiledKernel::RunsH16,
+            Some(v) if v == "early" => return TiledKernel::RunsEarly,
             _ => {}
         }
         std::env::var("GLMCHECK_DEQUANT_TILE")
@@ -127,6 +132,7 @@ impl TiledKernel {
             TiledKernel::Direct(_) => (2, 0),
             TiledKernel::DirectH16 => (4, 0),
             TiledKernel::RunsH16 => (5, 0),
+            TiledKernel::RunsEarly => (6, 0),
             TiledKernel::Shared => (1, 0),
         }
     }
@@ -257,7 +263,8 @@ impl DequantMatmul<'_> {
             TiledKernel::Runs
             | TiledKernel::Direct(_)
             | TiledKernel::DirectH16
-            | TiledKernel::RunsH16 => g
+            | TiledKernel::RunsH16
+            | TiledKernel::RunsEarly => g
                 .tile_runs(32)
                 .into_iter()
                 .map(|r| {

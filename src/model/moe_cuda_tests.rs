@@ -30,14 +30,16 @@ const TILED_TYPES: [GgmlDType; 6] = [
 ];
 
 /// Both tiled kernels, the register kernel at each tile width, by the cost model and in tile runs,
-/// and the direct-load kernel (Q4_K) with 4 and 8 warps a block in tile runs; both with the f16 decode.
-const TILED_KERNELS: [TiledKernel; 10] = [
+/// and the direct-load kernel (Q4_K) with 4 and 8 warps a block in tile runs; both with the f16 decode;
+/// the tile runs issuing copies a step early.
+const TILED_KERNELS: [TiledKernel; 11] = [
     TiledKernel::Registers(None),
     TiledKernel::Runs,
     TiledKernel::Direct(4),
     TiledKernel::Direct(8),
     TiledKernel::DirectH16,
     TiledKernel::RunsH16,
+    TiledKernel::RunsEarly,
     TiledKernel::Registers(Some(8)),
     TiledKernel::Registers(Some(16)),
     TiledKernel::Registers(Some(32)),
