@@ -86,6 +86,11 @@ pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
 /// the tile runs on the register kernel with that decode for Q4_K (the other types as `Runs`).
 /// `RunsEarly`: the tile runs on the register kernel issuing each step's copies before waiting for
 /// the step before (two steps' bytes in flight while a block waits; the same values bit for bit).
+/// `RunsIq`: the tile runs on the register kernel multiplying Q4_K's nibbles as the integers
+/// OFF + q (OFF = 128 in bf16) with a second MMA for each sub-block's token sum, then
+/// `d1·P - (OFF·d1 + m1)·S` per output: no weight rounded to the compute dtype (closer to the
+/// exact sum than decode-then-GEMM; within a unit of the dtype per weight), a quarter of the
+/// integer work and none of the per-weight FMAs (the other types as `Runs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TiledKernel {
     Registers(Option<u8>),
@@ -94,6 +99,7 @@ pub enum TiledKernel {
     DirectH16,
     RunsH16,
     RunsEarly,
+    RunsIq,
     Shared,
 }
 
@@ -102,7 +108,8 @@ impl TiledKernel {
     /// `GLMCHECK_DEQUANT_EXPERTS=one` (the register kernel in one launch at the cost model's
     /// tile), `GLMCHECK_DEQUANT_EXPERTS=direct|direct8|directh` (the tile runs on the direct-load
     /// kernel with 4 or 8 warps a block, or 4 with the f16 decode), `=runsh` (the tile runs with
-    /// the f16 decode of Q4_K), `=early` (the tile runs issuing copies a step earlier) and
+    /// the f16 decode of Q4_K), `=early` (the tile runs issuing copies a step earlier), `=iq`
+    /// (the tile runs with Q4_K's integer-valued A) and
     /// `GLMCHECK_DEQUANT_TILE=8|16|32` (one launch at that tile
     /// width), kept to measure one against the other.
     pub fn from_env() -> TiledKernel {
@@ -114,6 +121,7 @@ impl TiledKernel {
             Some(v) if v == "directh" => return TiledKernel::DirectH16,
             Some(v) if v == "runsh" => return TiledKernel::RunsH16,
             Some(v) if v == "early" => return TiledKernel::RunsEarly,
+            Some(v) if v == "iq" => return TiledKernel::RunsIq,
             _ => {}
         }
         std::env::var("GLMCHECK_DEQUANT_TILE")
@@ -133,6 +141,7 @@ impl TiledKernel {
             TiledKernel::DirectH16 => (4, 0),
             TiledKernel::RunsH16 => (5, 0),
             TiledKernel::RunsEarly => (6, 0),
+            TiledKernel::RunsIq => (7, 0),
             TiledKernel::Shared => (1, 0),
         }
     }
@@ -264,7 +273,8 @@ impl DequantMatmul<'_> {
             | TiledKernel::Direct(_)
             | TiledKernel::DirectH16
             | TiledKernel::RunsH16
-            | TiledKernel::RunsEarly => g
+            | TiledKernel::RunsEarly
+            | TiledKernel::RunsIq => g
                 .tile_runs(32)
                 .into_iter()
                 .map(|r| {
