@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmm(
 // raw blocks into registers: no decoded tile goes through shared memory, and a weight costs two
 // instructions (a byte permute into a float that carries q, the scale's FMA with the offset folded
 // into its addend: "One FMA a weight" below; Q4_K/Q5_K steps whose addend would round take three)
-// plus half a packing conversion. glmcheck_dqmm's decode (a lane decodes a whole 32-value
+// plus half a packing conversion (Q4_K: the f16 decode below instead, by default). glmcheck_dqmm's decode (a lane decodes a whole 32-value
 // sub-block into 32 registers, stores it, the warp reloads it with ldmatrix) ran at ~6 weights per
 // SM cycle and bounded dequant mode's experts (reports/gpu-moe.md, E2).
 //
@@ -342,7 +342,7 @@ __device__ __forceinline__ float w15_byte(uint32_t x, int i) {
     return __uint_as_float(__byte_perm(x, 0x47000000u, 0x7504 + (i << 4)));
 }
 
-// ---- The f16 decode (H16: an opt-in, GLMCHECK_DEQUANT_EXPERTS=runsh|directh) ----
+// ---- The f16 decode (H16: Q4_K's default in the register kernel; GLMCHECK_DEQUANT_EXPERTS=directh) ----
 // No byte permutes: one LOP3 masks two small integers q of a word into the mantissas of its two
 // f16 halves, i.e. the subnormals q·2^-24 (or 16q·2^-24 for a high nibble), which convert to f32
 // exactly, and fma(d1·2^24, q·2^-24, -m1) is d1·q - m1 rounded once: decode32's FMA for every
@@ -393,9 +393,7 @@ __device__ __forceinline__ bool exact_sum(float a, float b, float & s) {
 // warp's loads were 4-way bank conflicts (four of its rows share each bank): the same values, and
 // on an H200 the Q4_K expert launches 3200 → 3040 µs (16 wide) and 1231 → 1147 (32 wide) at 256
 // tokens; Q6_K's (unaligned rows, word() reads) 854 → 867 and 285 → 283 (reports/gpu-moe.md, build V).
-// IQ (the integer-valued A of kernel code 7, Q4_K): (d1, -(OFF·d1 + m1)) per sub-block, OFF the
-// offset the decode's A values carry (128 in bf16, 1024 in f16), rounded once (no exactness needed).
-template <int T, bool ALIGNED, typename Blk, bool H16 = false, bool IQ = false, int OFF = 128>
+template <int T, bool ALIGNED, typename Blk, bool H16 = false>
 __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
     constexpr int RS = dq_row_scales<T>();
     const int r = tid % BM, h = tid / BM;
@@ -422,10 +420,6 @@ __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
             if constexpr (H16 && T == Q4_K) {
                 // sub-block 4h + i: its low (even) or high (odd) nibbles
                 *(float2 *) (out + 2 * (4 * h + i)) = make_float2(h16_scale(d1, i % 2), -m1);
-                continue;
-            }
-            if constexpr (IQ && T == Q4_K) {
-                *(float2 *) (out + 2 * (4 * h + i)) = make_float2(d1, -__fmaf_rn((float) OFF, d1, m1));
                 continue;
             }
             float c;
@@ -456,18 +450,7 @@ __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
 // are multiplied (a compile-time count: no branch between a chunk's MMAs, so the compiler
 // interleaves one chunk's decoding with the previous chunk's MMAs). FMA1: the one-FMA decode
 // (Q4_K/Q5_K only when dq_scales found every addend exact; the other types always).
-//
-// IQ (kernel code 7, Q4_K; an opt-in): no weight is decoded to a float. A value q of a sub-block
-// enters the MMA as the integer OFF + q of the compute dtype (OFF = 128 in bf16, 1024 in f16: a
-// permute and a masking LOP3 put the nibble under the exponent of OFF, exact), tokens as they are,
-// so the MMA gives P_s = Σ (OFF + q)·x over the sub-block's 32 k exactly multiplied, summed in f32,
-// and a second MMA with A = 1 gives S_s = Σ x. Then Σ (d1·q - m1)·x = d1·P_s - (OFF·d1 + m1)·S_s:
-// two FMAs an output per sub-block instead of an FMA and half a packing conversion a weight, and
-// a quarter of the integer work of the byte permutes. The weights are not rounded to the compute
-// dtype before the product (decode-then-GEMM rounds them): another value than the other kernels',
-// closer to the exact one, within the output's rounding plus a weight's (tests: within one unit
-// of the compute dtype per decoded weight, 3e-3 rel-L2 against decode-then-matmul).
-template <int T, int NT, int LIVE, bool ALIGNED, bool FMA1, typename C, bool H16 = false, bool IQ = false>
+template <int T, int NT, int LIVE, bool ALIGNED, bool FMA1, typename C, bool H16 = false>
 __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const float * const (&rs)[2],
                                         const uint8_t * xb, int g, int t, float (&acc)[NT][4]) {
     // The lane's rows as aligned words and one funnel shift each (a row's misalignment is the same
@@ -498,67 +481,7 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
             mma_16816<C>(acc[n], a, bv.x, bv.y);
         }
     };
-    if constexpr (IQ && T == Q4_K) {
-        constexpr bool F16 = std::is_same_v<C, half>;
-        constexpr uint32_t BASE = F16 ? 0x64006400u : 0x43004300u; // OFF in both halves
-        constexpr uint32_t ONE = F16 ? 0x3C003C00u : 0x3F803F80u;  // 1.0 in both halves
-        const uint32_t ones[4] = {ONE, ONE, ONE, ONE};
-#pragma unroll
-        for (int pair = 0; pair < 4; ++pair) {
-            // The lane's words of both chunks (c: values 16c + 4t..+3 of sub-blocks 2·pair (low
-            // nibbles) and 2·pair + 1 (high)), rows g and g + 8; bytes 0,1 and 2,3 of each as two
-            // 16-bit lanes: [b0, 0, b1, 0] and [b2, 0, b3, 0].
-            uint32_t p01[2][2], p23[2][2];
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const uint32_t w = wd(h, 16 + 32 * pair + 16 * c + 4 * t);
-                    p01[c][h] = __byte_perm(w, 0u, 0x4140);
-                    p23[c][h] = __byte_perm(w, 0u, 0x4342);
-                }
-            }
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-                const int s = 2 * pair + hi;
-                float p[LIVE][4], sx[LIVE][4];
-#pragma unroll
-                for (int n = 0; n < LIVE; ++n) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        p[n][e] = 0.0f;
-                        sx[n][e] = 0.0f;
-                    }
-                }
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    // A: logical k (2t, 2t+1) = physical 4t, 4t+1 (bytes 0, 1), (2t+8, 2t+9) = 4t+2, 4t+3,
-                    // as the other decodes and the tokens' 8-byte loads lay them out.
-                    uint32_t a[4];
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        a[h] = ((hi ? p01[c][h] >> 4 : p01[c][h]) & 0x000F000Fu) | BASE;
-                        a[h + 2] = ((hi ? p23[c][h] >> 4 : p23[c][h]) & 0x000F000Fu) | BASE;
-                    }
-                    const int k0 = 32 * s + 16 * c;
-#pragma unroll
-                    for (int n = 0; n < LIVE; ++n) {
-                        const uint2 bv = *(const uint2 *) (xb + (8 * n + g) * XPB + 2 * (k0 + 4 * t));
-                        mma_16816<C>(p[n], a, bv.x, bv.y);
-                        mma_16816<C>(sx[n], ones, bv.x, bv.y);
-                    }
-                }
-                const float2 f[2] = {*(const float2 *) (rs[0] + 2 * s), *(const float2 *) (rs[1] + 2 * s)};
-#pragma unroll
-                for (int n = 0; n < LIVE; ++n) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        acc[n][e] = __fmaf_rn(f[e / 2].x, p[n][e], __fmaf_rn(f[e / 2].y, sx[n][e], acc[n][e]));
-                    }
-                }
-            }
-        }
-    } else if constexpr (T == Q4_K || T == Q5_K) {
+    if constexpr (T == Q4_K || T == Q5_K) {
 #pragma unroll
         for (int pair = 0; pair < 4; ++pair) {
 #pragma unroll
@@ -652,24 +575,21 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
 }
 
 // dq_step with LIVE = live (1..L), the block-uniform count of 8-token groups that hold tokens.
-template <int T, int NT, bool ALIGNED, bool FMA1, typename C, bool H16 = false, int L = NT, bool IQ = false>
+template <int T, int NT, bool ALIGNED, bool FMA1, typename C, bool H16 = false, int L = NT>
 __device__ __forceinline__ void dq_step_live(int live, const uint8_t * const (&b)[2], const float * const (&rs)[2],
                                              const uint8_t * xb, int g, int t, float (&acc)[NT][4]) {
     if constexpr (L > 1) {
         if (live < L) {
-            dq_step_live<T, NT, ALIGNED, FMA1, C, H16, L - 1, IQ>(live, b, rs, xb, g, t, acc);
+            dq_step_live<T, NT, ALIGNED, FMA1, C, H16, L - 1>(live, b, rs, xb, g, t, acc);
             return;
         }
     }
-    dq_step<T, NT, L, ALIGNED, FMA1, C, H16, IQ>(b, rs, xb, g, t, acc);
+    dq_step<T, NT, L, ALIGNED, FMA1, C, H16>(b, rs, xb, g, t, acc);
 }
 
 // As glmcheck_dqmm: y[j] = W[experts[z]] · x[src[j]] for the grouped rows j of active expert z.
 // Grid: (row tiles of 8·NT, n_out / 64, active experts).
-// EARLY (kernel code 6, an opt-in): the next step's copies are issued BEFORE waiting for this
-// step's (after a barrier that frees the other buffer), so two steps' bytes are in flight while a
-// block waits, instead of one; the cost is a third barrier a step. The same values bit for bit.
-template <int T, int NT, bool ALIGNED, typename C, bool H16 = false, bool EARLY = false, bool IQ = false>
+template <int T, int NT, bool ALIGNED, typename C, bool H16 = false>
 __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes,
         const C * __restrict__ x, const int32_t * __restrict__ src,
@@ -742,43 +662,24 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
             const int mis = ALIGNED ? 0 : (int) ((uintptr_t) (wexp + r * row_bytes + (long long) step * B) & 15);
             return raw + (buf * BM + r) * P + mis;
         };
-        if constexpr (EARLY) {
-            // Everyone is done with the other buffer (the previous step's) and its scales: the next
-            // step's copies go out now, then this step's are waited for (one group may stay in flight).
-            __syncthreads();
-            if (step + 1 < steps) {
-                stage(buf ^ 1, step + 1);
-                __pipeline_wait_prior(1);
-            } else {
-                __pipeline_wait_prior(0);
-            }
-        } else {
-            __pipeline_wait_prior(0);
-        }
+        __pipeline_wait_prior(0);
         // Everyone's copies of this step have landed; everyone is done with the other buffer and
         // with the previous step's scales.
         __syncthreads();
         // Whether every addend of the step is exact (block-uniform): the one-FMA decode.
         bool fma1 = true;
-        if constexpr (IQ) {
-            dq_scales<T, ALIGNED, decltype(blk), false, true, std::is_same_v<C, half> ? 1024 : 128>(blk, rsc, tid);
-            __syncthreads();
-        } else if constexpr (H16) {
+        if constexpr (H16) {
             dq_scales<T, ALIGNED, decltype(blk), true>(blk, rsc, tid);
             __syncthreads();
         } else {
             fma1 = __syncthreads_and(dq_scales<T, ALIGNED>(blk, rsc, tid));
         }
-        if (!EARLY && step + 1 < steps) {
+        if (step + 1 < steps) {
             stage(buf ^ 1, step + 1);
         }
         const uint8_t * b[2] = {blk(r0), blk(r0 + 8)};
         const float * rs[2] = {rsc + r0 * RS, rsc + (r0 + 8) * RS};
         const int live = (nrows + 7) / 8;
-        if constexpr (IQ) {
-            dq_step_live<T, NT, ALIGNED, true, C, false, NT, true>(live, b, rs, xs + buf * TN * XPB, g, t, acc);
-            continue;
-        }
         if constexpr (!H16 && (T == Q4_K || T == Q5_K)) { // the f16 decode has no fallback
             if (!fma1) {
                 dq_step_live<T, NT, ALIGNED, false, C>(live, b, rs, xs + buf * TN * XPB, g, t, acc);
@@ -799,12 +700,12 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
     }
 }
 
-template <int T, int NT, bool ALIGNED, typename C, bool H16 = false, bool EARLY = false, bool IQ = false>
+template <int T, int NT, bool ALIGNED, typename C, bool H16 = false>
 int launch_mma(const void * w, long long expert_bytes, long long row_bytes, const void * x, const int32_t * src,
                const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in, int n_active,
                int max_rows, cudaStream_t stream) {
     const size_t shared = 2 * (BM * raw_pitch(T) + 8 * NT * XPB);
-    auto kernel = glmcheck_dqmma<T, NT, ALIGNED, C, H16, EARLY, IQ>;
+    auto kernel = glmcheck_dqmma<T, NT, ALIGNED, C, H16>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) shared) != cudaSuccess
         || cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                 (int) cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
@@ -817,14 +718,14 @@ int launch_mma(const void * w, long long expert_bytes, long long row_bytes, cons
 }
 
 // The register-decode kernel at tile width tn (8, 16 or 32 tokens; 0: by the busiest expert's rows).
-template <int T, bool ALIGNED, typename C, bool H16 = false, bool EARLY = false, bool IQ = false>
+template <int T, bool ALIGNED, typename C, bool H16 = false>
 int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_bytes, const void * x,
                   const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in,
                   int n_active, int max_rows, cudaStream_t stream) {
     if (tn == 0) {
         tn = max_rows <= 8 ? 8 : max_rows <= 16 ? 16 : 32;
     }
-#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C, H16, EARLY, IQ>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
+#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C, H16>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
                                                        k_in, n_active, max_rows, stream)
     switch (tn) {
         case 8: return GLMCHECK_DQMMA(1);
@@ -1154,35 +1055,21 @@ int launch_type(int ggml_type, int kernel, int tn, const void * w, long long exp
                                                          n_out, k_in, n_active, max_rows, stream);
         }
     }
-    // kernel 5: the register-decode kernel with the f16 decode for Q4_K (the rest as kernel 0). For
-    // Q6_K (a 6-bit q assembled from two places) it compiled to more integer work than the permutes.
-    if (kernel == 5 && ggml_type == Q4_K) {
+    // kernel 0 (and 2, 3, 4 where the direct-load kernel does not cover the stack): the register
+    // kernel with the f16 decode for Q4_K, the default since 2026-12-07: the same bits as the byte
+    // permutes, and on an H100 at 256 tokens of the 3-layer synth its 16-wide Q4_K launches took
+    // 2799 / 2787 µs against 3059 / 3045 (two calls), the 32-wide 1109 / 1113 against 1119 / 1118
+    // (reports/gpu-moe.md, build Z): the ALU pipe was the hot one (Nsight Compute: 63 % ALU,
+    // math-pipe throttle the second stall reason) and the f16 decode moves its work to the FMA
+    // pipe. For Q6_K (a 6-bit q assembled from two places) it compiled to more integer work than
+    // the permutes. Kernel 5: the byte permutes for Q4_K too (the earlier default, kept to compare).
+    if (kernel != 1 && kernel != 5 && ggml_type == Q4_K) {
         return aligned ? launch_mma_tn<Q4_K, true, C, true>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
                                                             n_out, k_in, n_active, max_rows, stream)
                        : launch_mma_tn<Q4_K, false, C, true>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
                                                              n_out, k_in, n_active, max_rows, stream);
     }
-    // kernel 7: the register kernel with the integer-valued A for Q4_K (IQ above; the rest as kernel 0).
-    if (kernel == 7 && ggml_type == Q4_K) {
-        return aligned ? launch_mma_tn<Q4_K, true, C, false, false, true>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts,
-                                                                          zlist, y, n_out, k_in, n_active, max_rows, stream)
-                       : launch_mma_tn<Q4_K, false, C, false, false, true>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts,
-                                                                           zlist, y, n_out, k_in, n_active, max_rows, stream);
-    }
-    // kernel 6: the register-decode kernel issuing the next step's copies early (EARLY above).
-    if (kernel == 6) {
-#define GLMCHECK_MMA(Q, A) launch_mma_tn<Q, A, C, false, true>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
-                                                            n_out, k_in, n_active, max_rows, stream)
-        switch (ggml_type) {
-            case Q4_K: return aligned ? GLMCHECK_MMA(Q4_K, true) : GLMCHECK_MMA(Q4_K, false);
-            case Q5_K: return aligned ? GLMCHECK_MMA(Q5_K, true) : GLMCHECK_MMA(Q5_K, false);
-            case Q6_K: return GLMCHECK_MMA(Q6_K, false);
-            case Q8_0: return GLMCHECK_MMA(Q8_0, false);
-            default: break; // the shared-memory kernel below
-        }
-#undef GLMCHECK_MMA
-    }
-    if (kernel != 1 && kernel != 6) {
+    if (kernel != 1) {
 #define GLMCHECK_MMA(Q, A) launch_mma_tn<Q, A, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
                                                  k_in, n_active, max_rows, stream)
         switch (ggml_type) {
@@ -1215,7 +1102,7 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 
 // Returns 0 when launched; 1: no kernel for the quant type or dtype (dtype 1 f16, 2 bf16); 2: a
 // shape the tiling does not cover (n_out % 64, k_in % 256, an empty or too large grid, a tile width
-// not 0, 8, 16 or 32) or a kernel code outside 0..7; 3: CUDA refused the launch. x: [*, k_in]
+// not 0, 8, 16 or 32) or a kernel code outside 0..5; 3: CUDA refused the launch. x: [*, k_in]
 // contiguous rows of the compute dtype (16-byte aligned rows); src: the x row of each grouped row
 // (null: grouped row j is x's row j);
 // zlist: the active experts (indices into bounds/experts) this launch covers, n_active of them
@@ -1224,15 +1111,14 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 // Q6_K, Q8_0; tn its tile width, 0 by the busiest expert), else and for kernel 1 the
 // shared-memory kernel glmcheck_dqmm; kernels 2 and 3: the direct-load kernel (4 and 8 warps a
 // block) for Q4_K stacks on 16-byte aligned rows, the register-decode kernel for the rest; kernel 4:
-// kernel 2 with the f16 decode of Q4_K; kernel 5: kernel 0 with the f16 decode of Q4_K; kernel 6:
-// kernel 0 issuing each step's copies before waiting for the step before (EARLY); kernel 7: kernel
-// 0 with the integer-valued A for Q4_K (IQ: not decode32's values rounded, a closer sum).
+// kernel 2 with the f16 decode of Q4_K. The register kernel decodes Q4_K with the f16 decode
+// (H16) except for kernel 5, which keeps the byte permutes of the one-FMA decode for every type.
 extern "C" int glmcheck_dequant_matmul(
         int ggml_type, int dtype, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes,
         const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y,
         int n_out, int k_in, int n_active, int max_rows, void * stream) {
     if (n_out % BM != 0 || k_in % KS != 0 || n_active <= 0 || n_active > 65535 || max_rows <= 0
-        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || kernel < 0 || kernel > 7) {
+        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || kernel < 0 || kernel > 5) {
         return 2;
     }
     const cudaStream_t s = (cudaStream_t) stream;

@@ -11,7 +11,7 @@
 #     transformers 5.23's timings (the wheels under PEERS, default target-cuda/bin), the module
 #     agreement at 16 tokens; for at most PAIR_S (270) s.
 # Usage: tools/device_decide_and_pair.sh GLMCHECK TESTBIN OUTDIR 'NAME:ENV…' ['NAME:…' …]
-#   e.g. … /tmp/glmcheck /tmp/glmcheck-tests /tmp/d 'base:' 'runsh:GLMCHECK_DEQUANT_EXPERTS=runsh'
+#   e.g. … /tmp/glmcheck /tmp/glmcheck-tests /tmp/d 'base:' 'runsb:GLMCHECK_DEQUANT_EXPERTS=runsb'
 # Env: GLMCHECK_COMMIT, TEST_FILTERS, ROUNDS (2), UNIT_LIMIT (80), DECIDE_S, PAIR_S, PEERS; NCU_KERNEL,
 # NCU_VARIANT, NCU_LAUNCHES and SEQS pass through to device_variants.sh (raise DECIDE_S for them).
 # OUT set: the variants packed into $OUT/x.tar.xz, the pair into $OUT/q.tar.xz, $OUT/chosen.txt.

@@ -82,24 +82,17 @@ pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
 /// rest; it sums each chunk's k in another order than the register kernel (the same terms).
 /// `DirectH16`: the direct-load kernel (4 warps) decoding a nibble pair with one `LOP3` into two
 /// f16 subnormals (q·2^-24, exact as f32), then `fma(d1·2^24, q·2^-24, -m1)`: decode32's FMA for
-/// every block (no addend to test), half the integer-pipe work of the byte permutes. `RunsH16`:
-/// the tile runs on the register kernel with that decode for Q4_K (the other types as `Runs`).
-/// `RunsEarly`: the tile runs on the register kernel issuing each step's copies before waiting for
-/// the step before (two steps' bytes in flight while a block waits; the same values bit for bit).
-/// `RunsIq`: the tile runs on the register kernel multiplying Q4_K's nibbles as the integers
-/// OFF + q (OFF = 128 in bf16) with a second MMA for each sub-block's token sum, then
-/// `d1·P - (OFF·d1 + m1)·S` per output: no weight rounded to the compute dtype (closer to the
-/// exact sum than decode-then-GEMM; within a unit of the dtype per weight), a quarter of the
-/// integer work and none of the per-weight FMAs (the other types as `Runs`).
+/// every block (no addend to test), half the integer-pipe work of the byte permutes. The register
+/// kernel decodes Q4_K that way too (its default since 2026-12-07: the same bits, the 16-wide Q4_K
+/// launches ~8 % faster on an H100, `reports/gpu-moe.md` build Z); `RunsBytes`: the tile runs with
+/// the byte permutes for Q4_K as well (the earlier default, kept to compare).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TiledKernel {
     Registers(Option<u8>),
     Runs,
     Direct(u8),
     DirectH16,
-    RunsH16,
-    RunsEarly,
-    RunsIq,
+    RunsBytes,
     Shared,
 }
 
@@ -107,10 +100,8 @@ impl TiledKernel {
     /// The default (tile runs), or `GLMCHECK_DEQUANT_EXPERTS=smem` (the shared-memory kernel),
     /// `GLMCHECK_DEQUANT_EXPERTS=one` (the register kernel in one launch at the cost model's
     /// tile), `GLMCHECK_DEQUANT_EXPERTS=direct|direct8|directh` (the tile runs on the direct-load
-    /// kernel with 4 or 8 warps a block, or 4 with the f16 decode), `=runsh` (the tile runs with
-    /// the f16 decode of Q4_K), `=early` (the tile runs issuing copies a step earlier), `=iq`
-    /// (the tile runs with Q4_K's integer-valued A) and
-    /// `GLMCHECK_DEQUANT_TILE=8|16|32` (one launch at that tile
+    /// kernel with 4 or 8 warps a block, or 4 with the f16 decode), `=runsb` (the tile runs with
+    /// Q4_K's byte permutes instead of the f16 decode) and `GLMCHECK_DEQUANT_TILE=8|16|32` (one launch at that tile
     /// width), kept to measure one against the other.
     pub fn from_env() -> TiledKernel {
         match std::env::var_os("GLMCHECK_DEQUANT_EXPERTS") {
@@ -119,9 +110,7 @@ impl TiledKernel {
             Some(v) if v == "direct" => return TiledKernel::Direct(4),
             Some(v) if v == "direct8" => return TiledKernel::Direct(8),
             Some(v) if v == "directh" => return TiledKernel::DirectH16,
-            Some(v) if v == "runsh" => return TiledKernel::RunsH16,
-            Some(v) if v == "early" => return TiledKernel::RunsEarly,
-            Some(v) if v == "iq" => return TiledKernel::RunsIq,
+            Some(v) if v == "runsb" => return TiledKernel::RunsBytes,
             _ => {}
         }
         std::env::var("GLMCHECK_DEQUANT_TILE")
@@ -139,9 +128,7 @@ impl TiledKernel {
             TiledKernel::Direct(8) => (3, 0),
             TiledKernel::Direct(_) => (2, 0),
             TiledKernel::DirectH16 => (4, 0),
-            TiledKernel::RunsH16 => (5, 0),
-            TiledKernel::RunsEarly => (6, 0),
-            TiledKernel::RunsIq => (7, 0),
+            TiledKernel::RunsBytes => (5, 0),
             TiledKernel::Shared => (1, 0),
         }
     }
@@ -272,9 +259,7 @@ impl DequantMatmul<'_> {
             TiledKernel::Runs
             | TiledKernel::Direct(_)
             | TiledKernel::DirectH16
-            | TiledKernel::RunsH16
-            | TiledKernel::RunsEarly
-            | TiledKernel::RunsIq => g
+            | TiledKernel::RunsBytes => g
                 .tile_runs(32)
                 .into_iter()
                 .map(|r| {
