@@ -285,9 +285,10 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmm(
 // raw blocks into registers: no decoded tile goes through shared memory, and a weight costs two
 // instructions (a byte permute into a float that carries q, the scale's FMA with the offset folded
 // into its addend: "One FMA a weight" below; Q4_K/Q5_K steps whose addend would round take three)
-// plus half a packing conversion (Q4_K: the f16 decode below instead, by default). glmcheck_dqmm's decode (a lane decodes a whole 32-value
-// sub-block into 32 registers, stores it, the warp reloads it with ldmatrix) ran at ~6 weights per
-// SM cycle and bounded dequant mode's experts (reports/gpu-moe.md, E2).
+// plus half a packing conversion; Q4_K takes the f16 decode below instead, by default.
+// glmcheck_dqmm's decode (a lane decodes a whole 32-value sub-block into 32 registers, stores it,
+// the warp reloads it with ldmatrix) ran at ~6 weights per SM cycle and bounded dequant mode's
+// experts (reports/gpu-moe.md, E2).
 //
 // The k order inside each 16-value MMA chunk is permuted, the same way for weights and tokens:
 // lane t's logical k (2t, 2t+1, 2t+8, 2t+9) are the chunk's physical values 4t..4t+3, so a lane's

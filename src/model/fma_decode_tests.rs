@@ -136,8 +136,8 @@ fn llama_cpps_k_quant_blocks_all_take_the_one_fma_decode() {
     );
 }
 
-/// The f16 decode (Q4_K's default in the register kernel; `GLMCHECK_DEQUANT_EXPERTS=directh`) on the CPU: the nibble q (or 16q for
-/// a high nibble) as the f16 subnormal q·2^-24, converted to f32, then
+/// The f16 decode (Q4_K's default in the register kernel; `GLMCHECK_DEQUANT_EXPERTS=directh`) on
+/// the CPU: the nibble q (or 16q for a high nibble) as the f16 subnormal q·2^-24, converted to f32, then
 /// `fma(d1·2^24 (2^20 for a high nibble), that, -m1)`. Rounded once from `d1·q - m1` for every
 /// block, so it must equal candle's decode bit for bit (there is no addend to keep exact) — on
 /// llama.cpp's blocks and on candle's, the inexact-addend expert included.

@@ -101,8 +101,8 @@ impl TiledKernel {
     /// `GLMCHECK_DEQUANT_EXPERTS=one` (the register kernel in one launch at the cost model's
     /// tile), `GLMCHECK_DEQUANT_EXPERTS=direct|direct8|directh` (the tile runs on the direct-load
     /// kernel with 4 or 8 warps a block, or 4 with the f16 decode), `=runsb` (the tile runs with
-    /// Q4_K's byte permutes instead of the f16 decode) and `GLMCHECK_DEQUANT_TILE=8|16|32` (one launch at that tile
-    /// width), kept to measure one against the other.
+    /// Q4_K's byte permutes instead of the f16 decode) and `GLMCHECK_DEQUANT_TILE=8|16|32` (one
+    /// launch at that tile width), kept to measure one against the other.
     pub fn from_env() -> TiledKernel {
         match std::env::var_os("GLMCHECK_DEQUANT_EXPERTS") {
             Some(v) if v == "smem" => return TiledKernel::Shared,
