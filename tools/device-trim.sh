@@ -35,6 +35,9 @@ case "${1:-}" in
       mv "$stash/$f" "$f"
     done
     [ -d "$stash" ] && find "$stash" -depth -type d -empty -delete
+    # a stash lost with its machine (a new checkout of a cut-off session): the fixtures are tracked,
+    # so git has them
+    git ls-files -z --deleted -- fixtures fuzz | xargs -0 -r git checkout --
     git status --short -- fixtures fuzz ;;
   *) echo "usage: $0 out [all]|in" >&2; exit 2 ;;
 esac
