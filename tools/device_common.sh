@@ -18,13 +18,15 @@ trap pack EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader > "$out/gpu.txt" 2>&1
 echo "${GLMCHECK_COMMIT:-unknown}" > "$out/commit.txt"
 # With T0 (the call's start, s) and DEADLINE (s from T0) set before sourcing, `left` is what is left of
-# the call and a step's limit is capped by it (a step with under 5 s left is skipped, rc 99).
+# the call and a step's limit is capped by it: a step with less than MIN_S (default 5) s left is
+# skipped, rc 99 (`MIN_S=25 step …` for a step that cannot finish in less: build Z's census, started
+# with 6 s left, was killed and gave nothing).
 left() { echo $((DEADLINE - ($(date +%s) - T0))); }
 step() {
   local name=$1 max=$2; shift 2
   if [ -n "${T0:-}" ] && [ -n "${DEADLINE:-}" ]; then
     local l; l=$(left); [ "$max" -gt "$l" ] && max=$l
-    if [ "$max" -lt 5 ]; then echo "$name skipped (deadline)" >> "$out/rc.txt"; return 99; fi
+    if [ "$max" -lt "${MIN_S:-5}" ]; then echo "$name skipped (deadline)" >> "$out/rc.txt"; return 99; fi
   fi
   local t0; t0=$(date +%s.%N)
   timeout "$max" "$@" > "$out/$name.json" 2> "$out/$name.log"

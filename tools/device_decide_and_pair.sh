@@ -3,7 +3,8 @@
 # ONE glmcheck binary, then time the winner against transformers in the same call.
 #  1. tools/device_variants.sh GLMCHECK TESTBIN OUTDIR/v VARIANT… (its tests, every variant against
 #     the first one's 256-token dump, ROUNDS interleaved --bench 5 rounds, an ncu census), steps
-#     started until DECIDE_S (255) s;
+#     started until DECIDE_S (300) s (a fresh machine's synth takes ~105 s of it; at 255, build Z's
+#     three variants left the census no time);
 #  2. tools/device_pick_variant.py OUTDIR/v: the fastest variant within tolerance of the first, with
 #     every round run and the unit step passed, else the first (chosen.txt: its environment and why);
 #  3. tools/device_gpu_bench.sh phase Q with GLMCHECK under that environment (its 3-layer synth reused
@@ -24,7 +25,7 @@ mkdir -p "$out"; out=$(readlink -f "$out")
 here=$(dirname "$0")
 work=${GPU_BENCH_WORK:-/tmp/gpub}
 # 1. the variants (device_variants.sh packs OUTDIR/v into $OUT/x.tar.xz itself)
-DEADLINE=${DECIDE_S:-255} ROUNDS=${ROUNDS:-2} UNIT_LIMIT=${UNIT_LIMIT:-80} LAYERS=3 \
+DEADLINE=${DECIDE_S:-300} ROUNDS=${ROUNDS:-2} UNIT_LIMIT=${UNIT_LIMIT:-80} LAYERS=3 \
   "$here/device_variants.sh" "$bin" "$tests" "$out/v" "$@"
 echo "variants rc=$?" > "$out/rc.txt"
 # 2. the pick

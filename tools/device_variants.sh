@@ -54,7 +54,7 @@ rm -f "$work/first-256.safetensors" # never compare against a dump an earlier ca
 step "dump-256-$first" 60 "$out/glmcheck-$first" $(fwd 256) --dump "$work/first-256.safetensors"
 for n in "${names[@]:1}"; do
   # shellcheck disable=SC2046
-  step "vs-$first-256-$n" 60 "$out/glmcheck-$n" $(fwd 256) --reference "$work/first-256.safetensors"
+  MIN_S=20 step "vs-$first-256-$n" 60 "$out/glmcheck-$n" $(fwd 256) --reference "$work/first-256.safetensors"
 done
 rm -f "$work/first-256.safetensors"
 # 3. interleaved timing rounds
@@ -62,20 +62,20 @@ for s in ${SEQS:-256}; do
   for r in $(seq 1 "${ROUNDS:-2}"); do
     for n in "${names[@]}"; do
       # shellcheck disable=SC2046
-      step "bench-$s-r$r-$n" 60 "$out/glmcheck-$n" $(fwd "$s") --bench 5
+      MIN_S=8 step "bench-$s-r$r-$n" 60 "$out/glmcheck-$n" $(fwd "$s") --bench 5
     done
   done
 done
 # 4. census
 for n in "${names[@]}"; do
   # shellcheck disable=SC2046
-  step "census-256-$n" 75 "$ncu" "${census[@]}" "$out/glmcheck-$n" $(fwd 256) --bench 1
+  MIN_S=25 step "census-256-$n" 75 "$ncu" "${census[@]}" "$out/glmcheck-$n" $(fwd 256) --bench 1
 done
 # 5. one kernel in full
 if [ -n "${NCU_KERNEL:-}" ]; then
   v=${NCU_VARIANT:-${names[-1]}}
   # shellcheck disable=SC2046
-  step "ncu-256-$v" 120 "$ncu" --kernel-name "regex:$NCU_KERNEL" --launch-count "${NCU_LAUNCHES:-3}" --set full \
+  MIN_S=40 step "ncu-256-$v" 120 "$ncu" --kernel-name "regex:$NCU_KERNEL" --launch-count "${NCU_LAUNCHES:-3}" --set full \
     --print-details all --clock-control none "$out/glmcheck-$v" $(fwd 256)
 fi
 if grep -v ' rc=0 ' "$out/rc.txt" | grep -q .; then
