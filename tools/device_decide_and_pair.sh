@@ -14,7 +14,9 @@
 # Usage: tools/device_decide_and_pair.sh GLMCHECK TESTBIN OUTDIR 'NAME:ENV…' ['NAME:…' …]
 #   e.g. … /tmp/glmcheck /tmp/glmcheck-tests /tmp/d 'base:' 'runsb:GLMCHECK_DEQUANT_EXPERTS=runsb'
 # Env: GLMCHECK_COMMIT, TEST_FILTERS, ROUNDS (2), UNIT_LIMIT (80), DECIDE_S, PAIR_S, PEERS; NCU_KERNEL,
-# NCU_VARIANT, NCU_LAUNCHES and SEQS pass through to device_variants.sh (raise DECIDE_S for them).
+# NCU_VARIANT, NCU_LAUNCHES, SEQS and CENSUS pass through to device_variants.sh (raise DECIDE_S for
+# them). A variant 'NAME:GLMCHECK_VARIANT_MATMUL=dequant-fast' runs another --matmul mode beside the
+# others (its tolerance against the first's dump, its rounds, its census); it is never picked.
 # OUT set: the variants packed into $OUT/x.tar.xz, the pair into $OUT/q.tar.xz, $OUT/chosen.txt.
 # Figures: tools/device_variants_summary.py on x's dir, tools/device_gpu_summary.py on q's
 # (reports/gpu-moe.md build Y has the checkout and carry this needs: `tools/device-trim.sh out all`).

@@ -6,7 +6,8 @@ Prints one line: the chosen variant's environment (VAR=V pairs, empty for the de
 `env $(tools/device_pick_variant.py /tmp/v) …` on a machine still warm from the variants call; the
 reasoning goes to stderr. A variant qualifies when its 256-token forward was within tolerance of the
 first variant's dump, every interleaved 256-token round of it ran (and of the first), and the unit
-step neither failed nor timed out; the fastest
+step neither failed nor timed out, and it does not switch the matmul mode (GLMCHECK_VARIANT_MATMUL);
+the fastest
 (mean of its rounds' best-of-5 at 256 tokens) wins when it beats the first variant by more than the
 margin, else the first variant (the defaults) stays.
 """
@@ -44,6 +45,10 @@ def main():
     ok = [first]
     for n in names[1:]:
         vs = res["vs_first_256"].get(n, {})
+        if "GLMCHECK_VARIANT_MATMUL=" in res["variants"][n]:
+            # another --matmul mode (tools/device_variants.sh): measured beside, never the pair's dequant
+            print(f"{n} not eligible: another matmul mode ({res['variants'][n]})", file=sys.stderr)
+            continue
         if vs.get("verdict") == "within tolerance" and len(runs[n]) == rounds:
             ok.append(n)
         else:

@@ -9,12 +9,14 @@
 #     other variant's forward against it (`--reference`: per-module rel-L2, max |diff|);
 #  3. ROUNDS (2) interleaved `--bench 5` rounds of every variant at 256 tokens (and at 16 with
 #     SEQS="16 256");
-#  4. an ncu census (every kernel's time, grid, registers) of every variant's 256-token forward;
+#  4. an ncu census (every kernel's time, grid, registers) of every variant's 256-token forward (or
+#     of those named in CENSUS, e.g. CENSUS="base fast");
 #  5. with NCU_KERNEL (a kernel-name regex): ncu --set full on variant NCU_VARIANT's (the last)
 #     first NCU_LAUNCHES (3) launches of it.
 # Steps stop being started DEADLINE (570) s after the start.
 # Usage: tools/device_variants.sh GLMCHECK TESTBIN OUTDIR 'NAME:ENV=V ENV=V' ['NAME:…' …]
-#   a variant is a name, a colon and the environment it runs with (empty: the defaults), e.g.
+#   a variant is a name, a colon and the environment it runs with (empty: the defaults;
+#   GLMCHECK_VARIANT_MATMUL=M runs it with --matmul M instead of the script's mode), e.g.
 #   tools/device_variants.sh bin/glmcheck bin/tests /tmp/v 'base:' 'one:GLMCHECK_DEQUANT_EXPERTS=one'
 # OUT set: OUTDIR packed into $OUT/x.tar.xz. Figures: tools/device_variants_summary.py OUTDIR.
 set -uo pipefail
@@ -34,8 +36,16 @@ for v in "$@"; do
     *) echo "variant '$v': NAME:ENV (a name of letters, digits, '-' or '_', a colon, then VAR=V pairs or nothing)" >&2; exit 2 ;;
   esac
   name=${v%%:*}; env=${v#*:}
-  printf '#!/bin/sh\nexec env %s %s "$@"\n' "$env" "$bin" > "$out/glmcheck-$name"; chmod +x "$out/glmcheck-$name"
-  echo "$name: $env" >> "$out/variants.txt"; names+=("$name")
+  # GLMCHECK_VARIANT_MATMUL=M (not passed on): the wrapper puts M after every --matmul of its arguments
+  vm=$(printf '%s\n' $env | sed -n 's/^GLMCHECK_VARIANT_MATMUL=//p'); env=$(printf '%s\n' $env | grep -v '^GLMCHECK_VARIANT_MATMUL=' | tr '\n' ' ')
+  {
+    echo '#!/bin/sh'
+    if [ -n "$vm" ]; then
+      echo "p=; for a; do shift; if [ \"\$p\" = --matmul ]; then set -- \"\$@\" $vm; else set -- \"\$@\" \"\$a\"; fi; p=\$a; done"
+    fi
+    printf 'exec env %s %s "$@"\n' "$env" "$bin"
+  } > "$out/glmcheck-$name"; chmod +x "$out/glmcheck-$name"
+  echo "$name: ${v#*:}" >> "$out/variants.txt"; names+=("$name")
 done
 
 # 0. unit tests
@@ -66,8 +76,8 @@ for s in ${SEQS:-256}; do
     done
   done
 done
-# 4. census
-for n in "${names[@]}"; do
+# 4. census (of the variants named in CENSUS, default all)
+for n in ${CENSUS:-${names[@]}}; do
   # shellcheck disable=SC2046
   MIN_S=25 step "census-256-$n" 75 "$ncu" "${census[@]}" "$out/glmcheck-$n" $(fwd 256) --bench 1
 done

@@ -85,7 +85,10 @@ pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
 /// every block (no addend to test), half the integer-pipe work of the byte permutes. The register
 /// kernel decodes Q4_K that way too (its default since 2026-12-07: the same bits, the 16-wide Q4_K
 /// launches ~8 % faster on an H100, `reports/gpu-moe.md` build Z); `RunsBytes`: the tile runs with
-/// the byte permutes for Q4_K as well (the earlier default, kept to compare).
+/// the byte permutes for Q4_K as well (the earlier default, kept to compare). `Packed`: the tile
+/// runs with Q4_K and Q6_K in bf16 decoded by packed bf16 FMAs (`--matmul dequant-fast`: two
+/// weights an instruction, from the scales rounded to bf16: not dequant's values; f16 and the
+/// other types as `Runs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TiledKernel {
     Registers(Option<u8>),
@@ -93,6 +96,7 @@ pub enum TiledKernel {
     Direct(u8),
     DirectH16,
     RunsBytes,
+    Packed,
     Shared,
 }
 
@@ -129,6 +133,7 @@ impl TiledKernel {
             TiledKernel::Direct(_) => (2, 0),
             TiledKernel::DirectH16 => (4, 0),
             TiledKernel::RunsBytes => (5, 0),
+            TiledKernel::Packed => (6, 0),
             TiledKernel::Shared => (1, 0),
         }
     }
@@ -140,6 +145,12 @@ impl Grouping {
     /// `x[j]`. → `[rows, out]` in `x`'s dtype, rows in grouped order (see [`tiled_dequant`]).
     pub fn dequant_matmul(&self, w: &QTensor, x: &Tensor, by_token: bool) -> Result<Tensor> {
         self.dequant_matmul_with(w, x, by_token, TiledKernel::from_env())
+    }
+
+    /// dequant-fast mode's tiled kernel ([`TiledKernel::Packed`]), otherwise as
+    /// [`Grouping::dequant_matmul`].
+    pub fn dequant_fast_matmul(&self, w: &QTensor, x: &Tensor, by_token: bool) -> Result<Tensor> {
+        self.dequant_matmul_with(w, x, by_token, TiledKernel::Packed)
     }
 
     /// [`Grouping::dequant_matmul`] on the given kernel.
@@ -259,7 +270,8 @@ impl DequantMatmul<'_> {
             TiledKernel::Runs
             | TiledKernel::Direct(_)
             | TiledKernel::DirectH16
-            | TiledKernel::RunsBytes => g
+            | TiledKernel::RunsBytes
+            | TiledKernel::Packed => g
                 .tile_runs(32)
                 .into_iter()
                 .map(|r| {

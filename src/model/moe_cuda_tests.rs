@@ -195,6 +195,91 @@ fn the_tiled_kernels_decode_every_weight_to_candles_bits() -> Result<()> {
     Ok(())
 }
 
+/// dequant-fast's kernel ([`TiledKernel::Packed`]) read back weight by weight as above: in bf16 its
+/// Q4_K and Q6_K weights are the packed decode's (`fma_decode_tests::packed_decode_q4k`/`_q6k`, the
+/// CPU model of `fma.rn.bf16x2` on the scales rounded to bf16) in every bit, except an expert whose
+/// scales are too large for it (values ×10: every step falls back to the exact decode, candle's
+/// bits); in f16 candle's decode bits, as the default kernel. Runs the kernel
+/// 8, 16 and 32 tokens wide (tile runs: 8 columns of one expert, 40 of another, every column of
+/// all three).
+#[test]
+fn the_packed_kernel_decodes_every_weight_to_its_model() -> Result<()> {
+    let Ok(dev) = Device::new_cuda(0) else {
+        eprintln!("no CUDA device: skipped");
+        return Ok(());
+    };
+    let (out, inp) = (128usize, 512usize);
+    let two = fma_decode_tests::two_experts(out, inp)?;
+    let large = (two.narrow(0, 0, 1)? * 10.0)?;
+    let w = Tensor::cat(&[&two, &large], 0)?; // [3, out, inp]
+    let every: Vec<(usize, usize)> = (0..3 * inp).map(|i| (i / inp, i % inp)).collect();
+    let uneven: Vec<(usize, usize)> = (0..8)
+        .map(|k| (0, 3 * k))
+        .chain((100..140).map(|k| (2, k)))
+        .collect();
+    for qt in [GgmlDType::Q4K, GgmlDType::Q6K] {
+        let cpu = QTensor::quantize(&w, qt)?;
+        let q = QTensor::quantize_onto(&w, qt, &dev)?;
+        let f32_deq = q.dequantize(&dev)?;
+        for dtype in [DType::BF16, DType::F16] {
+            // the expected weights [3, out, inp]: candle's decode in the compute dtype, or the
+            // packed model's (Q4_K in bf16: blocks of 256 along each row, experts 0 and 1)
+            let mut want = f32_deq
+                .to_dtype(dtype)?
+                .to_dtype(DType::F32)?
+                .to_device(&Device::Cpu)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            if dtype == DType::BF16 {
+                let data = cpu.data()?;
+                let bb = if qt == GgmlDType::Q4K { 144 } else { 210 };
+                for (i, b) in data.chunks_exact(bb).enumerate() {
+                    let expert = i * 256 / (out * inp);
+                    let model = if qt == GgmlDType::Q4K {
+                        fma_decode_tests::packed_decode_q4k(b)
+                    } else {
+                        fma_decode_tests::packed_decode_q6k(b)
+                    };
+                    match (model, expert) {
+                        (Some(v), 0 | 1) => want[256 * i..256 * i + 256].copy_from_slice(&v),
+                        (None, 2) => {}
+                        (got, e) => {
+                            panic!("block {i} of expert {e}: packed decode {:?}", got.is_some())
+                        }
+                    }
+                }
+            }
+            for (name, routing) in [("every column", &every), ("uneven", &uneven)] {
+                let ids: Vec<u32> = routing.iter().map(|&(e, _)| e as u32).collect();
+                let t = ids.len();
+                let g = Grouping::new(&Tensor::from_vec(ids, (t, 1), &dev)?, 3)?;
+                let mut x = vec![0f32; t * inp];
+                for (i, &(_, k)) in routing.iter().enumerate() {
+                    x[i * inp + k] = 1.0;
+                }
+                let xd = Tensor::from_vec(x, (t, inp), &dev)?.to_dtype(dtype)?;
+                let got = g
+                    .dequant_matmul_with(&q, &xd, true, TiledKernel::Packed)?
+                    .to_dtype(DType::F32)?
+                    .to_device(&Device::Cpu)?
+                    .to_vec2::<f32>()?;
+                let case = format!("{qt:?} {dtype:?} {name}");
+                for (row, &(e, k)) in got.iter().zip(routing.iter()) {
+                    for (r, a) in row.iter().enumerate() {
+                        let b = want[(e * out + r) * inp + k];
+                        assert!(
+                            a.to_bits() == b.to_bits() || (*a == 0.0 && b == 0.0),
+                            "{case}: expert {e} row {r} k {k} is {a} where the model says {b}"
+                        );
+                    }
+                }
+                eprintln!("{case}: all {} weights as modelled", t * out);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// glmcheck's whole-tensor decoder gives candle's decoded values bit for bit: f32 against candle's
 /// f32 decode, f16 against its f16 decode, bf16 against its f32 decode rounded (what
 /// `linear::dequantize` used before). A size that ends mid-warp (74 groups of 256: the last warp takes 2 of its 4),
