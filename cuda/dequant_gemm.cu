@@ -569,28 +569,6 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
                 }
             }
         }
-    } else if constexpr (DEC == DEC_BF2 && T == Q6_K) {
-        static_assert(std::is_same_v<C, __nv_bfloat16>, "the packed decode is bf16's");
-#pragma unroll
-        for (int s = 0; s < 8; ++s) {
-            const int ip = s / 4, jj = s % 4, lsh = (jj >> 1) * 4, hsh = 2 * jj;
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int l = 16 * c + 4 * t;
-                uint32_t a[4];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const uint32_t q = wd(h, 64 * ip + 32 * (jj & 1) + l), hb = wd(h, 128 + 32 * ip + l);
-                    // each byte's q << 2: the nibble at bits 2..5, the two high bits at 6..7
-                    const uint32_t x = ((lsh ? q >> 2 : q << 2) & 0x3C3C3C3Cu) | ((hb << (6 - hsh)) & 0xC0C0C0C0u);
-                    const uint32_t s2 = ((const uint32_t *) rs[h])[2 * s + c];
-                    const uint32_t c2 = bf2_fma(s2, BF2_Q6_C, 0);
-                    a[h] = bf2_fma(s2, __byte_perm(x, 0, 0x4140), c2);
-                    a[h + 2] = bf2_fma(s2, __byte_perm(x, 0, 0x4342), c2);
-                }
-                mma_a(a, 32 * s + 16 * c);
-            }
-        }
     } else if constexpr (T == Q4_K || T == Q5_K) {
 #pragma unroll
         for (int pair = 0; pair < 4; ++pair) {
@@ -649,18 +627,35 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const int l = 16 * c + 4 * t;
-                float v[2][4];
+                if constexpr (DEC == DEC_BF2) {
+                    static_assert(std::is_same_v<C, __nv_bfloat16>, "the packed decode is bf16's");
+                    uint32_t a[4];
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const uint32_t q = wd(h, 64 * ip + 32 * (jj & 1) + l), hb = wd(h, 128 + 32 * ip + l);
-                    const uint32_t x = ((q >> lsh) & 0x0F0F0F0Fu) | (((hb >> hsh) & 0x03030303u) << 4);
-                    const float a = rs[h][2 * s + c], add = -0.625f * a; // 256·ds, -160·ds
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        v[h][i] = __fmaf_rn(a, half_byte(x, i), add);
+                    for (int h = 0; h < 2; ++h) {
+                        const uint32_t q = wd(h, 64 * ip + 32 * (jj & 1) + l), hb = wd(h, 128 + 32 * ip + l);
+                        // each byte's q << 2: the nibble at bits 2..5, the two high bits at 6..7
+                        const uint32_t x =
+                                ((lsh ? q >> 2 : q << 2) & 0x3C3C3C3Cu) | ((hb << (6 - hsh)) & 0xC0C0C0C0u);
+                        const uint32_t s2 = ((const uint32_t *) rs[h])[2 * s + c];
+                        const uint32_t c2 = bf2_fma(s2, BF2_Q6_C, 0);
+                        a[h] = bf2_fma(s2, __byte_perm(x, 0, 0x4140), c2);
+                        a[h + 2] = bf2_fma(s2, __byte_perm(x, 0, 0x4342), c2);
                     }
+                    mma_a(a, 32 * s + 16 * c);
+                } else {
+                    float v[2][4];
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const uint32_t q = wd(h, 64 * ip + 32 * (jj & 1) + l), hb = wd(h, 128 + 32 * ip + l);
+                        const uint32_t x = ((q >> lsh) & 0x0F0F0F0Fu) | (((hb >> hsh) & 0x03030303u) << 4);
+                        const float a = rs[h][2 * s + c], add = -0.625f * a; // 256·ds, -160·ds
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            v[h][i] = __fmaf_rn(a, half_byte(x, i), add);
+                        }
+                    }
+                    mma_chunk(v, 32 * s + 16 * c);
                 }
-                mma_chunk(v, 32 * s + 16 * c);
             }
         }
     } else if constexpr (T == Q8_0) {
