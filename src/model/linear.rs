@@ -129,7 +129,15 @@ impl Blocks {
     /// by the quantized kernels (q8).
     pub fn matmul(&self, x: &Tensor, dtype: DType, mode: MatmulMode) -> Result<Tensor> {
         let one = |q: &QTensor| match mode {
-            MatmulMode::Dequant | MatmulMode::DequantFast => x.matmul(&dequantize(q, dtype)?.t()?),
+            MatmulMode::Dequant | MatmulMode::DequantFast => {
+                #[cfg(feature = "cuda")]
+                if mode == MatmulMode::DequantFast && super::moe_cuda::fused_dense() {
+                    if let Some(y) = super::moe_cuda::dense_fast(q, x)? {
+                        return Ok(y);
+                    }
+                }
+                x.matmul(&dequantize(q, dtype)?.t()?)
+            }
             MatmulMode::Q8 => q8_matmul(q, x),
         };
         match self {

@@ -67,6 +67,33 @@ pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
     matches!(dtype, DType::BF16 | DType::F16) && shape_ok && type_ok && !off
 }
 
+/// Whether dequant-fast's dense matmuls go through the grouped kernel ([`dense_fast`]): opt-in,
+/// `GLMCHECK_FAST_DENSE=fused` (to measure it against decode-then-cuBLAS).
+pub(crate) fn fused_dense() -> bool {
+    std::env::var_os("GLMCHECK_FAST_DENSE").is_some_and(|v| v == "fused")
+}
+
+/// dequant-fast's dense matmul through the grouped kernel: `x · Wᵀ` for a quantized `[out, in]` weight as a one-expert stack of all `T` rows,
+/// decoded inside the GEMM ([`TiledKernel::Packed`]: Q4_K and Q6_K by packed bf16 FMAs, the other
+/// tiled types exactly) instead of decoded whole into device memory and multiplied by cuBLAS.
+/// Each 32-token tile decodes the whole weight again, so it pays where the weight's decoded copy
+/// costs more than the repeated decode (the lm_head: 1.9 GB of bf16 written and read back).
+/// `None`: not taken (not bf16 on CUDA, not `[T, in]`, a type or shape the kernel does not
+/// cover). → `[T, out]` bf16.
+pub(crate) fn dense_fast(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
+    if x.dtype() != DType::BF16 || !x.device().is_cuda() || x.rank() != 2 {
+        return Ok(None);
+    }
+    let (&[out, inp], Some(_)) = (w.shape().dims(), tiled_type(w.dtype())) else {
+        return Ok(None);
+    };
+    if !out.is_multiple_of(64) || !inp.is_multiple_of(256) || x.dim(1)? != inp {
+        return Ok(None);
+    }
+    let x = x.contiguous()?;
+    super::q8_cuda::with_identity(&x, |g| g.dequant_fast_matmul(w, &x, true)).map(Some)
+}
+
 /// Which of `cuda/dequant_gemm.cu`'s two tiled kernels multiplies: the register-decode kernel
 /// (`glmcheck_dqmma`: each lane decodes its MMA fragments from the raw blocks; Q4_K, Q5_K, Q6_K and
 /// Q8_0, the others fall back to the shared-memory kernel) at a tile width of 8, 16 or 32 tokens

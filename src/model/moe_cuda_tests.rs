@@ -280,6 +280,42 @@ fn the_packed_kernel_decodes_every_weight_to_its_model() -> Result<()> {
     Ok(())
 }
 
+/// dequant-fast's dense route ([`dense_fast`]: a `[out, in]` weight as a one-expert stack in the
+/// grouped kernel) against candle's decode-then-matmul in f32, 40 tokens (two 32-wide tiles, the
+/// second partial): within the packed decode's weight error (Q4_K, Q6_K) or the exact kernel's
+/// rounding (Q8_0, Q5_K); a wrong row, tile or token order gives a rel-L2 near 1. f16 and a shape
+/// the kernel does not cover are not taken.
+#[test]
+fn the_fused_dense_route_equals_decode_then_matmul() -> Result<()> {
+    let Ok(dev) = Device::new_cuda(0) else {
+        eprintln!("no CUDA device: skipped");
+        return Ok(());
+    };
+    let w = (Tensor::randn(0f32, 1.0, (128, 512), &Device::Cpu)? * 0.05)?;
+    let x = Tensor::randn(0f32, 1.0, (40, 512), &dev)?;
+    for qt in [
+        GgmlDType::Q4K,
+        GgmlDType::Q6K,
+        GgmlDType::Q5K,
+        GgmlDType::Q8_0,
+    ] {
+        let q = QTensor::quantize_onto(&w, qt, &dev)?;
+        let want = x.matmul(&q.dequantize(&dev)?.t()?)?;
+        let xb = x.to_dtype(DType::BF16)?;
+        let got = dense_fast(&q, &xb)?.expect("taken").to_dtype(DType::F32)?;
+        let r = rel_l2(&got, &want)?;
+        eprintln!("{qt:?}: fused dense rel-L2 {r:.2e} against decode-then-matmul (f32)");
+        assert!(r < 1.5e-2, "{qt:?}: rel-L2 {r}");
+        assert!(dense_fast(&q, &x.to_dtype(DType::F16)?)?.is_none());
+    }
+    let odd = QTensor::quantize_onto(&w.narrow(0, 0, 96)?, GgmlDType::Q8_0, &dev)?;
+    assert!(
+        dense_fast(&odd, &x.to_dtype(DType::BF16)?)?.is_none(),
+        "96 rows: not taken"
+    );
+    Ok(())
+}
+
 /// glmcheck's whole-tensor decoder gives candle's decoded values bit for bit: f32 against candle's
 /// f32 decode, f16 against its f16 decode, bf16 against its f32 decode rounded (what
 /// `linear::dequantize` used before). A size that ends mid-warp (74 groups of 256: the last warp takes 2 of its 4),

@@ -653,6 +653,12 @@ pub(crate) fn dense_on_int8(
     splits: usize,
     tile_cap: usize,
 ) -> Result<Tensor> {
+    with_identity(x, |g| g.matmul_split(w, x, true, splits, tile_cap))
+}
+
+/// `f` on the identity grouping of `x`'s rows (all to one expert, in order: a dense weight as a
+/// one-expert stack), kept from the last call while the row count and device stay the same.
+pub(crate) fn with_identity<R>(x: &Tensor, f: impl FnOnce(&Grouping) -> Result<R>) -> Result<R> {
     let t = x.dim(0)?;
     IDENTITY.with(|cell| {
         let mut cell = cell.borrow_mut();
@@ -660,13 +666,14 @@ pub(crate) fn dense_on_int8(
             Some(g) if g.rows == t && g.table.device().same_device(x.device()) => cell.insert(g),
             _ => cell.insert(Grouping::identity(t, x.device())?),
         };
-        g.matmul_split(w, x, true, splits, tile_cap)
+        f(g)
     })
 }
 
 thread_local! {
-    /// The last identity grouping [`int8_dense`] used: one forward's dense matmuls all have the
-    /// same token count, so its table is uploaded once per forward, not once per matmul.
+    /// The last identity grouping a dense matmul used ([`with_identity`]): one forward's dense
+    /// matmuls all have the same token count, so its table is uploaded once per forward, not once
+    /// per matmul.
     static IDENTITY: std::cell::RefCell<Option<Grouping>> = const { std::cell::RefCell::new(None) };
 }
 
