@@ -13,7 +13,8 @@
 #     agreement at 16 tokens; for at most PAIR_S (270) s.
 # Usage: tools/device_decide_and_pair.sh GLMCHECK TESTBIN OUTDIR 'NAME:ENV…' ['NAME:…' …]
 #   e.g. … /tmp/glmcheck /tmp/glmcheck-tests /tmp/d 'base:' 'runsb:GLMCHECK_DEQUANT_EXPERTS=runsb'
-# Env: GLMCHECK_COMMIT, TEST_FILTERS, ROUNDS (2), UNIT_LIMIT (80), DECIDE_S, PAIR_S, PEERS; NCU_KERNEL,
+# Env: GLMCHECK_COMMIT, TEST_FILTERS, ROUNDS (2), UNIT_LIMIT (80), DECIDE_S, PAIR_S, PEERS, PAIR_ENV
+# (VAR=V pairs added to the pair's environment only, e.g. a switch of dequant-fast alone); NCU_KERNEL,
 # NCU_VARIANT, NCU_LAUNCHES, SEQS and CENSUS pass through to device_variants.sh (raise DECIDE_S for
 # them). A variant 'NAME:GLMCHECK_VARIANT_MATMUL=dequant-fast' runs another --matmul mode beside the
 # others (its tolerance against the first's dump, its rounds, its census); it is never picked.
@@ -35,7 +36,9 @@ env_line=$(python3 "$here/device_pick_variant.py" "$out/v" 2> "$out/chosen.txt")
 echo "env: [$env_line]" >> "$out/chosen.txt"
 [ -n "${OUT:-}" ] && cp "$out/chosen.txt" "$OUT/chosen.txt"
 # shellcheck disable=SC2016
-printf '#!/bin/sh\nexec env %s %s "$@"\n' "$env_line" "$bin" > "$out/glmcheck-chosen"
+printf '#!/bin/sh\nexec env %s %s %s "$@"\n' "$env_line" "${PAIR_ENV:-}" "$bin" > "$out/glmcheck-chosen"
+echo "pair env: [$env_line ${PAIR_ENV:-}]" >> "$out/chosen.txt"
+[ -n "${OUT:-}" ] && cp "$out/chosen.txt" "$OUT/chosen.txt"
 chmod +x "$out/glmcheck-chosen"
 # 3. the pair, on the variants' synth
 [ -f "$work/m.gguf" ] || { echo "no synth at $work/m.gguf: no pair" >> "$out/rc.txt"; exit 1; }
