@@ -130,9 +130,11 @@ impl Blocks {
     pub fn matmul(&self, x: &Tensor, dtype: DType, mode: MatmulMode) -> Result<Tensor> {
         let one = |q: &QTensor| match mode {
             MatmulMode::Dequant | MatmulMode::DequantFast => {
+                // on CUDA, a few tokens: decoded inside the grouped kernel (no decoded copy)
                 #[cfg(feature = "cuda")]
-                if mode == MatmulMode::DequantFast && super::moe_cuda::fused_dense() {
-                    if let Some(y) = super::moe_cuda::dense_fast(q, x)? {
+                if x.rank() == 2 && super::moe_cuda::dense_on_tiles(x.dim(0)?) {
+                    let fast = mode == MatmulMode::DequantFast;
+                    if let Some(y) = super::moe_cuda::dense_tiled(q, x, fast)? {
                         return Ok(y);
                     }
                 }

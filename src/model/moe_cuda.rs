@@ -67,21 +67,33 @@ pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
     matches!(dtype, DType::BF16 | DType::F16) && shape_ok && type_ok && !off
 }
 
-/// Whether dequant-fast's dense matmuls go through the grouped kernel ([`dense_fast`]): opt-in,
-/// `GLMCHECK_FAST_DENSE=fused` (to measure it against decode-then-cuBLAS).
-pub(crate) fn fused_dense() -> bool {
-    std::env::var_os("GLMCHECK_FAST_DENSE").is_some_and(|v| v == "fused")
+/// The most tokens a dense matmul of dequant (and dequant-fast) runs through the grouped kernel
+/// with by default ([`dense_tiled`]): one 32-token tile, so each weight is decoded once, inside
+/// the GEMM, instead of decoded whole into device memory (the lm_head: 1.9 GB of bf16 written and
+/// read back) and multiplied by cuBLAS. Past one tile every tile decodes the weight again: on an
+/// H100 at 256 tokens (8 tiles) the forward took 13.2 ms that way against 10.4 with the decoded
+/// copies, at 16 tokens 3.7 ms against 6.0 (`reports/gpu-moe.md`, build AA).
+pub(crate) const DENSE_TILED_TOKENS: usize = 32;
+
+/// Whether a dense matmul of `t` tokens goes through the grouped kernel: up to
+/// [`DENSE_TILED_TOKENS`], or as `GLMCHECK_DENSE=decode` (never: decode whole, then cuBLAS, to
+/// cross-check) and `GLMCHECK_DENSE=tiled` (always, to measure) say.
+pub(crate) fn dense_on_tiles(t: usize) -> bool {
+    match std::env::var_os("GLMCHECK_DENSE") {
+        Some(v) if v == "decode" => false,
+        Some(v) if v == "tiled" => true,
+        _ => t <= DENSE_TILED_TOKENS,
+    }
 }
 
-/// dequant-fast's dense matmul through the grouped kernel: `x · Wᵀ` for a quantized `[out, in]` weight as a one-expert stack of all `T` rows,
-/// decoded inside the GEMM ([`TiledKernel::Packed`]: Q4_K and Q6_K by packed bf16 FMAs, the other
-/// tiled types exactly) instead of decoded whole into device memory and multiplied by cuBLAS.
-/// Each 32-token tile decodes the whole weight again, so it pays where the weight's decoded copy
-/// costs more than the repeated decode (the lm_head: 1.9 GB of bf16 written and read back).
-/// `None`: not taken (not bf16 on CUDA, not `[T, in]`, a type or shape the kernel does not
-/// cover). → `[T, out]` bf16.
-pub(crate) fn dense_fast(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
-    if x.dtype() != DType::BF16 || !x.device().is_cuda() || x.rank() != 2 {
+/// A dense matmul through the grouped kernel: `x · Wᵀ` for a quantized `[out, in]` weight as a
+/// one-expert stack of all `T` rows, decoded inside the GEMM: dequant's kernel (`fast` false:
+/// the GGUF's values, rounded once to the dtype; f32 sums in another order than cuBLAS') or
+/// dequant-fast's ([`TiledKernel::Packed`]: Q4_K and Q6_K by packed bf16 FMAs). `None`: not taken
+/// (not bf16/f16 on CUDA, not `[T, in]`, a type or shape the kernel does not cover). → `[T, out]`
+/// in `x`'s dtype.
+pub(crate) fn dense_tiled(w: &QTensor, x: &Tensor, fast: bool) -> Result<Option<Tensor>> {
+    if !matches!(x.dtype(), DType::BF16 | DType::F16) || !x.device().is_cuda() || x.rank() != 2 {
         return Ok(None);
     }
     let (&[out, inp], Some(_)) = (w.shape().dims(), tiled_type(w.dtype())) else {
@@ -91,7 +103,14 @@ pub(crate) fn dense_fast(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
         return Ok(None);
     }
     let x = x.contiguous()?;
-    super::q8_cuda::with_identity(&x, |g| g.dequant_fast_matmul(w, &x, true)).map(Some)
+    super::q8_cuda::with_identity(&x, |g| {
+        if fast {
+            g.dequant_fast_matmul(w, &x, true)
+        } else {
+            g.dequant_matmul(w, &x, true)
+        }
+    })
+    .map(Some)
 }
 
 /// Which of `cuda/dequant_gemm.cu`'s two tiled kernels multiplies: the register-decode kernel
