@@ -369,43 +369,6 @@ __device__ __forceinline__ void h16_decode4(uint32_t w, uint32_t w8, int hi, flo
     v[3] = __fmaf_rn(s, o.y, a);
 }
 
-// ---- The packed bf16 decode (--matmul dequant-fast: kernel 6; Q4_K and Q6_K in bf16) -------------
-// Two weights an instruction instead of decode32's value: a PRMT puts bytes 0 and 1 (or 2 and 3)
-// of a word into the low bytes of a word's two 16-bit halves, a LOP3 keeps one nibble of each at
-// bits 4..7 (a low nibble shifted there first), so each half is the bf16 whose bits are q << 4:
-// q·2^-129 (a subnormal for q < 8; for q >= 8 bit 7 is the exponent's lowest bit and the value is
-// 2^-126·(1 + (q - 8)/8), the same q·2^-129), and one fma.rn.bf16x2 with (S, S), S = bf16(d1)·2^129,
-// and (-M, -M), M = bf16(m1), gives bf16(bf16(d1)·q - M) rounded once: ~1 instruction a weight
-// where the f16 decode takes ~3 (LOP3, conversion, FFMA, half a pack). d1 and m1 rounded to bf16
-// first (8 significant bits) make a weight differ from decode32's by up to ~2^-9 of 15·d1 + m1,
-// which is why it is a mode of its own with its own measured tolerance, not dequant's kernel.
-// S exists as a bf16 when bf16(d1) is zero or of exponent field 1..125 (|d1| < 2^-1); a step with
-// any sub-block outside that takes the f16 decode (the block decides, block-uniformly).
-__device__ __forceinline__ uint32_t bf2_fma(uint32_t a, uint32_t b, uint32_t c) {
-    uint32_t d;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-// (S, S) for S = bf16(d1)·2^K (bf16 bits plus K in the exponent field), and whether S is a bf16.
-template <int K>
-__device__ __forceinline__ bool bf2_scale(float d1, uint32_t & s) {
-    const uint32_t b = __bfloat16_as_ushort(__float2bfloat16_rn(d1));
-    const uint32_t e = (b >> 7) & 0xFF;
-    const uint32_t sb = (b & 0x7FFF) == 0 ? b : b + ((uint32_t) K << 7);
-    s = sb | (sb << 16);
-    return (b & 0x7FFF) == 0 || (e >= 1 && e <= 254 - K);
-}
-// Q6_K the same way: a byte's 6-bit q shifted left by 2 (bits 2..7) is the bf16 q·2^-131 (any
-// bits 0..7 of a bf16 are b·2^-133, across the subnormal/normal boundary), S = bf16(d·sc)·2^131
-// per 16 values, and the addend -32·bf16(d·sc) = S·(-2^-126) (exact), so the weight is
-// bf16(bf16(d·sc)·(q - 32)) rounded once: only d·sc is rounded first (a part of the weight, no
-// cancellation). S exists for |d·sc| < 2^-3.
-constexpr uint32_t BF2_Q6_C = 0x80808080u; // (-2^-126, -2^-126)
-
-// The register kernel's Q4_K decode: the byte permutes of the one-FMA decode (every type), the f16
-// decode (Q4_K's default) or the packed bf16 decode (Q4_K, bf16, dequant-fast).
-constexpr int DEC_BYTES = 0, DEC_H16 = 1, DEC_BF2 = 2;
-
 // Floats of a step's row scales per row (+2 so that the 8 rows of a fragment spread over the
 // banks): Q4_K/Q5_K (256·d·sc, -(128·d·sc + dmin·m)) per 32-value sub-block, Q6_K 256·d·sc per 16
 // values (its addend is -0.625 times that, exactly), Q8_0 d per 32. (More floats a row would cost
@@ -423,7 +386,7 @@ __device__ __forceinline__ bool exact_sum(float a, float b, float & s) {
 // A step's row scales into shared memory, by the whole block (thread tid: row tid % 64, half
 // tid / 64 of its sub-blocks, warp-uniform), from the products decode32 forms (d·sc and dmin·m are
 // exact: 11-bit halves times 6-bit integers). Returns whether every Q4_K/Q5_K addend this thread
-// wrote is exact (always true for the other types; DEC_BF2: whether every S it wrote is a bf16).
+// wrote is exact (always true for the other types).
 // A row's scale bytes are read as words, Q4_K/Q5_K's 16-byte header in one 16-byte load where rows
 // are aligned (8 consecutive rows, 44 (Q4_K) or 52 (Q5_K) words apart, hit 32 different banks), the
 // 6-bit scales and mins taken out four at a time as cuda/q8_moe.cu's step_scales does, and written as float2 pairs
@@ -431,7 +394,7 @@ __device__ __forceinline__ bool exact_sum(float a, float b, float & s) {
 // warp's loads were 4-way bank conflicts (four of its rows share each bank): the same values, and
 // on an H200 the Q4_K expert launches 3200 → 3040 µs (16 wide) and 1231 → 1147 (32 wide) at 256
 // tokens; Q6_K's (unaligned rows, word() reads) 854 → 867 and 285 → 283 (reports/gpu-moe.md, build V).
-template <int T, bool ALIGNED, typename Blk, int DEC = DEC_BYTES>
+template <int T, bool ALIGNED, typename Blk, bool H16 = false>
 __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
     constexpr int RS = dq_row_scales<T>();
     const int r = tid % BM, h = tid / BM;
@@ -455,17 +418,9 @@ __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const float d1 = dall * (int) ((sc >> 8 * i) & 0xFF), m1 = dmin * (int) ((m >> 8 * i) & 0xFF);
-            if constexpr (DEC == DEC_H16 && T == Q4_K) {
+            if constexpr (H16 && T == Q4_K) {
                 // sub-block 4h + i: its low (even) or high (odd) nibbles
                 *(float2 *) (out + 2 * (4 * h + i)) = make_float2(h16_scale(d1, i % 2), -m1);
-                continue;
-            }
-            if constexpr (DEC == DEC_BF2 && T == Q4_K) {
-                // ((S, S), (-M, -M)); false where S is not a bf16
-                uint32_t s2;
-                exact &= bf2_scale<129>(d1, s2);
-                const uint32_t mb = __bfloat16_as_ushort(__float2bfloat16_rn(-m1));
-                *(uint2 *) (out + 2 * (4 * h + i)) = make_uint2(s2, mb | (mb << 16));
                 continue;
             }
             float c;
@@ -479,14 +434,6 @@ __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
         for (int i = 0; i < 8; i += 2) {
             const uint32_t sw = i < 4 ? s0 : s1;
             const int a = (int8_t) ((sw >> 8 * (i % 4)) & 0xFF), c = (int8_t) ((sw >> 8 * (i % 4 + 1)) & 0xFF);
-            if constexpr (DEC == DEC_BF2) {
-                // (S, S) per 16 values; false where S is not a bf16
-                uint32_t sa, sc;
-                exact &= bf2_scale<131>(d * a, sa);
-                exact &= bf2_scale<131>(d * c, sc);
-                *(uint2 *) (out + 8 * h + i) = make_uint2(sa, sc);
-                continue;
-            }
             *(float2 *) (out + 8 * h + i) = make_float2(256.0f * (d * a), 256.0f * (d * c));
         }
     } else {
@@ -504,7 +451,7 @@ __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
 // are multiplied (a compile-time count: no branch between a chunk's MMAs, so the compiler
 // interleaves one chunk's decoding with the previous chunk's MMAs). FMA1: the one-FMA decode
 // (Q4_K/Q5_K only when dq_scales found every addend exact; the other types always).
-template <int T, int NT, int LIVE, bool ALIGNED, bool FMA1, typename C, int DEC = DEC_BYTES>
+template <int T, int NT, int LIVE, bool ALIGNED, bool FMA1, typename C, bool H16 = false>
 __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const float * const (&rs)[2],
                                         const uint8_t * xb, int g, int t, float (&acc)[NT][4]) {
     // The lane's rows as aligned words and one funnel shift each (a row's misalignment is the same
@@ -526,50 +473,16 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
     };
     // The chunk of 16 values at k0 of the step: lane values v[h][i] (row g + 8h, physical k0 + 4t + i)
     // into A, then one MMA per live group of 8 tokens.
-    auto mma_a = [&](const uint32_t (&a)[4], int k0) {
+    auto mma_chunk = [&](const float (&v)[2][4], int k0) {
+        const uint32_t a[4] = {pack2<C>(v[0][0], v[0][1]), pack2<C>(v[1][0], v[1][1]), pack2<C>(v[0][2], v[0][3]),
+                               pack2<C>(v[1][2], v[1][3])};
 #pragma unroll
         for (int n = 0; n < LIVE; ++n) {
             const uint2 bv = *(const uint2 *) (xb + (8 * n + g) * XPB + 2 * (k0 + 4 * t));
             mma_16816<C>(acc[n], a, bv.x, bv.y);
         }
     };
-    auto mma_chunk = [&](const float (&v)[2][4], int k0) {
-        const uint32_t a[4] = {pack2<C>(v[0][0], v[0][1]), pack2<C>(v[1][0], v[1][1]), pack2<C>(v[0][2], v[0][3]),
-                               pack2<C>(v[1][2], v[1][3])};
-        mma_a(a, k0);
-    };
-    if constexpr (DEC == DEC_BF2 && T == Q4_K) {
-        static_assert(std::is_same_v<C, __nv_bfloat16>, "the packed decode is bf16's");
-#pragma unroll
-        for (int pair = 0; pair < 4; ++pair) {
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int o = 16 + 32 * pair + 16 * c + 4 * t; // the lane's values l..l+3, l = 16c + 4t
-                uint32_t p[2][2]; // row h's bytes 0, 1 | 2, 3 in the low bytes of the two halves
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const uint32_t w = wd(h, o);
-                    p[h][0] = __byte_perm(w, 0, 0x4140);
-                    p[h][1] = __byte_perm(w, 0, 0x4342);
-                }
-#pragma unroll
-                for (int hi = 0; hi < 2; ++hi) {
-                    const int s = 2 * pair + hi;
-                    uint32_t a[4]; // a[h + 2j]: row g + 8h, values l + 2j, l + 2j + 1
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const uint2 f = *(const uint2 *) (rs[h] + 2 * s);
-#pragma unroll
-                        for (int j = 0; j < 2; ++j) {
-                            const uint32_t x = (hi ? p[h][j] : p[h][j] << 4) & 0x00F000F0u;
-                            a[h + 2 * j] = bf2_fma(f.x, x, f.y);
-                        }
-                    }
-                    mma_a(a, 32 * s + 16 * c);
-                }
-            }
-        }
-    } else if constexpr (T == Q4_K || T == Q5_K) {
+    if constexpr (T == Q4_K || T == Q5_K) {
 #pragma unroll
         for (int pair = 0; pair < 4; ++pair) {
 #pragma unroll
@@ -589,7 +502,7 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
                     float v[2][4];
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        if constexpr (DEC == DEC_H16 && T == Q4_K) {
+                        if constexpr (H16 && T == Q4_K) {
                             const float2 f = *(const float2 *) (rs[h] + 2 * s);
                             h16_decode4(w[h], w8[h], hi, f.x, f.y, v[h]);
                             continue;
@@ -627,35 +540,18 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const int l = 16 * c + 4 * t;
-                if constexpr (DEC == DEC_BF2) {
-                    static_assert(std::is_same_v<C, __nv_bfloat16>, "the packed decode is bf16's");
-                    uint32_t a[4];
+                float v[2][4];
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const uint32_t q = wd(h, 64 * ip + 32 * (jj & 1) + l), hb = wd(h, 128 + 32 * ip + l);
-                        // each byte's q << 2: the nibble at bits 2..5, the two high bits at 6..7
-                        const uint32_t x =
-                                ((lsh ? q >> 2 : q << 2) & 0x3C3C3C3Cu) | ((hb << (6 - hsh)) & 0xC0C0C0C0u);
-                        const uint32_t s2 = ((const uint32_t *) rs[h])[2 * s + c];
-                        const uint32_t c2 = bf2_fma(s2, BF2_Q6_C, 0);
-                        a[h] = bf2_fma(s2, __byte_perm(x, 0, 0x4140), c2);
-                        a[h + 2] = bf2_fma(s2, __byte_perm(x, 0, 0x4342), c2);
+                for (int h = 0; h < 2; ++h) {
+                    const uint32_t q = wd(h, 64 * ip + 32 * (jj & 1) + l), hb = wd(h, 128 + 32 * ip + l);
+                    const uint32_t x = ((q >> lsh) & 0x0F0F0F0Fu) | (((hb >> hsh) & 0x03030303u) << 4);
+                    const float a = rs[h][2 * s + c], add = -0.625f * a; // 256·ds, -160·ds
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        v[h][i] = __fmaf_rn(a, half_byte(x, i), add);
                     }
-                    mma_a(a, 32 * s + 16 * c);
-                } else {
-                    float v[2][4];
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const uint32_t q = wd(h, 64 * ip + 32 * (jj & 1) + l), hb = wd(h, 128 + 32 * ip + l);
-                        const uint32_t x = ((q >> lsh) & 0x0F0F0F0Fu) | (((hb >> hsh) & 0x03030303u) << 4);
-                        const float a = rs[h][2 * s + c], add = -0.625f * a; // 256·ds, -160·ds
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            v[h][i] = __fmaf_rn(a, half_byte(x, i), add);
-                        }
-                    }
-                    mma_chunk(v, 32 * s + 16 * c);
                 }
+                mma_chunk(v, 32 * s + 16 * c);
             }
         }
     } else if constexpr (T == Q8_0) {
@@ -680,21 +576,21 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
 }
 
 // dq_step with LIVE = live (1..L), the block-uniform count of 8-token groups that hold tokens.
-template <int T, int NT, bool ALIGNED, bool FMA1, typename C, int DEC = DEC_BYTES, int L = NT>
+template <int T, int NT, bool ALIGNED, bool FMA1, typename C, bool H16 = false, int L = NT>
 __device__ __forceinline__ void dq_step_live(int live, const uint8_t * const (&b)[2], const float * const (&rs)[2],
                                              const uint8_t * xb, int g, int t, float (&acc)[NT][4]) {
     if constexpr (L > 1) {
         if (live < L) {
-            dq_step_live<T, NT, ALIGNED, FMA1, C, DEC, L - 1>(live, b, rs, xb, g, t, acc);
+            dq_step_live<T, NT, ALIGNED, FMA1, C, H16, L - 1>(live, b, rs, xb, g, t, acc);
             return;
         }
     }
-    dq_step<T, NT, L, ALIGNED, FMA1, C, DEC>(b, rs, xb, g, t, acc);
+    dq_step<T, NT, L, ALIGNED, FMA1, C, H16>(b, rs, xb, g, t, acc);
 }
 
 // As glmcheck_dqmm: y[j] = W[experts[z]] · x[src[j]] for the grouped rows j of active expert z.
 // Grid: (row tiles of 8·NT, n_out / 64, active experts).
-template <int T, int NT, bool ALIGNED, typename C, int DEC = DEC_BYTES>
+template <int T, int NT, bool ALIGNED, typename C, bool H16 = false>
 __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes,
         const C * __restrict__ x, const int32_t * __restrict__ src,
@@ -773,17 +669,9 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         __syncthreads();
         // Whether every addend of the step is exact (block-uniform): the one-FMA decode.
         bool fma1 = true;
-        if constexpr (DEC == DEC_H16) {
-            dq_scales<T, ALIGNED, decltype(blk), DEC_H16>(blk, rsc, tid);
+        if constexpr (H16) {
+            dq_scales<T, ALIGNED, decltype(blk), true>(blk, rsc, tid);
             __syncthreads();
-        } else if constexpr (DEC == DEC_BF2) {
-            // fma1: every S of the step is a bf16 (the packed decode), else the scales of the exact
-            // decode (Q4_K's f16 decode, Q6_K's byte permutes: both without a fallback of their own)
-            fma1 = __syncthreads_and(dq_scales<T, ALIGNED, decltype(blk), DEC_BF2>(blk, rsc, tid));
-            if (!fma1) {
-                dq_scales<T, ALIGNED, decltype(blk), T == Q4_K ? DEC_H16 : DEC_BYTES>(blk, rsc, tid);
-                __syncthreads();
-            }
         } else {
             fma1 = __syncthreads_and(dq_scales<T, ALIGNED>(blk, rsc, tid));
         }
@@ -793,20 +681,13 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         const uint8_t * b[2] = {blk(r0), blk(r0 + 8)};
         const float * rs[2] = {rsc + r0 * RS, rsc + (r0 + 8) * RS};
         const int live = (nrows + 7) / 8;
-        if constexpr (DEC == DEC_BYTES && (T == Q4_K || T == Q5_K)) { // the f16 decode has no fallback
+        if constexpr (!H16 && (T == Q4_K || T == Q5_K)) { // the f16 decode has no fallback
             if (!fma1) {
                 dq_step_live<T, NT, ALIGNED, false, C>(live, b, rs, xs + buf * TN * XPB, g, t, acc);
                 continue;
             }
         }
-        if constexpr (DEC == DEC_BF2) {
-            if (!fma1) {
-                dq_step_live<T, NT, ALIGNED, true, C, T == Q4_K ? DEC_H16 : DEC_BYTES>(live, b, rs, xs + buf * TN * XPB, g,
-                                                                                     t, acc);
-                continue;
-            }
-        }
-        dq_step_live<T, NT, ALIGNED, true, C, DEC>(live, b, rs, xs + buf * TN * XPB, g, t, acc);
+        dq_step_live<T, NT, ALIGNED, true, C, H16>(live, b, rs, xs + buf * TN * XPB, g, t, acc);
     }
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
@@ -820,12 +701,12 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
     }
 }
 
-template <int T, int NT, bool ALIGNED, typename C, int DEC = DEC_BYTES>
+template <int T, int NT, bool ALIGNED, typename C, bool H16 = false>
 int launch_mma(const void * w, long long expert_bytes, long long row_bytes, const void * x, const int32_t * src,
                const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in, int n_active,
                int max_rows, cudaStream_t stream) {
     const size_t shared = 2 * (BM * raw_pitch(T) + 8 * NT * XPB);
-    auto kernel = glmcheck_dqmma<T, NT, ALIGNED, C, DEC>;
+    auto kernel = glmcheck_dqmma<T, NT, ALIGNED, C, H16>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) shared) != cudaSuccess
         || cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                 (int) cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
@@ -838,14 +719,14 @@ int launch_mma(const void * w, long long expert_bytes, long long row_bytes, cons
 }
 
 // The register-decode kernel at tile width tn (8, 16 or 32 tokens; 0: by the busiest expert's rows).
-template <int T, bool ALIGNED, typename C, int DEC = DEC_BYTES>
+template <int T, bool ALIGNED, typename C, bool H16 = false>
 int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_bytes, const void * x,
                   const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in,
                   int n_active, int max_rows, cudaStream_t stream) {
     if (tn == 0) {
         tn = max_rows <= 8 ? 8 : max_rows <= 16 ? 16 : 32;
     }
-#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C, DEC>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
+#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C, H16>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
                                                        k_in, n_active, max_rows, stream)
     switch (tn) {
         case 8: return GLMCHECK_DQMMA(1);
@@ -1183,25 +1064,11 @@ int launch_type(int ggml_type, int kernel, int tn, const void * w, long long exp
     // math-pipe throttle the second stall reason) and the f16 decode moves its work to the FMA
     // pipe. For Q6_K (a 6-bit q assembled from two places) it compiled to more integer work than
     // the permutes. Kernel 5: the byte permutes for Q4_K too (the earlier default, kept to compare).
-    // Kernel 6 (--matmul dequant-fast): the packed bf16 decode for Q4_K and Q6_K in bf16 (its own
-    // values: bf2_fma's comment), the default kernels otherwise.
-    if constexpr (std::is_same_v<C, __nv_bfloat16>) {
-        if (kernel == 6 && ggml_type == Q4_K) {
-            return aligned ? launch_mma_tn<Q4_K, true, C, DEC_BF2>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist,
-                                                                   y, n_out, k_in, n_active, max_rows, stream)
-                           : launch_mma_tn<Q4_K, false, C, DEC_BF2>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts,
-                                                                    zlist, y, n_out, k_in, n_active, max_rows, stream);
-        }
-        if (kernel == 6 && ggml_type == Q6_K) {
-            return launch_mma_tn<Q6_K, false, C, DEC_BF2>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
-                                                          n_out, k_in, n_active, max_rows, stream);
-        }
-    }
     if (kernel != 1 && kernel != 5 && ggml_type == Q4_K) {
-        return aligned ? launch_mma_tn<Q4_K, true, C, DEC_H16>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
-                                                               n_out, k_in, n_active, max_rows, stream)
-                       : launch_mma_tn<Q4_K, false, C, DEC_H16>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist,
-                                                                y, n_out, k_in, n_active, max_rows, stream);
+        return aligned ? launch_mma_tn<Q4_K, true, C, true>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
+                                                            n_out, k_in, n_active, max_rows, stream)
+                       : launch_mma_tn<Q4_K, false, C, true>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
+                                                             n_out, k_in, n_active, max_rows, stream);
     }
     if (kernel != 1) {
 #define GLMCHECK_MMA(Q, A) launch_mma_tn<Q, A, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
@@ -1236,7 +1103,7 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 
 // Returns 0 when launched; 1: no kernel for the quant type or dtype (dtype 1 f16, 2 bf16); 2: a
 // shape the tiling does not cover (n_out % 64, k_in % 256, an empty or too large grid, a tile width
-// not 0, 8, 16 or 32) or a kernel code outside 0..6; 3: CUDA refused the launch. x: [*, k_in]
+// not 0, 8, 16 or 32) or a kernel code outside 0..5; 3: CUDA refused the launch. x: [*, k_in]
 // contiguous rows of the compute dtype (16-byte aligned rows); src: the x row of each grouped row
 // (null: grouped row j is x's row j);
 // zlist: the active experts (indices into bounds/experts) this launch covers, n_active of them
@@ -1246,14 +1113,13 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 // shared-memory kernel glmcheck_dqmm; kernels 2 and 3: the direct-load kernel (4 and 8 warps a
 // block) for Q4_K stacks on 16-byte aligned rows, the register-decode kernel for the rest; kernel 4:
 // kernel 2 with the f16 decode of Q4_K. The register kernel decodes Q4_K with the f16 decode
-// (H16) except for kernel 5, which keeps the byte permutes of the one-FMA decode for every type,
-// and kernel 6, which decodes Q4_K and Q6_K in bf16 with the packed bf16 decode (dequant-fast).
+// (H16) except for kernel 5, which keeps the byte permutes of the one-FMA decode for every type.
 extern "C" int glmcheck_dequant_matmul(
         int ggml_type, int dtype, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes,
         const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y,
         int n_out, int k_in, int n_active, int max_rows, void * stream) {
     if (n_out % BM != 0 || k_in % KS != 0 || n_active <= 0 || n_active > 65535 || max_rows <= 0
-        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || kernel < 0 || kernel > 6) {
+        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || kernel < 0 || kernel > 5) {
         return 2;
     }
     const cudaStream_t s = (cudaStream_t) stream;

@@ -14,9 +14,9 @@
 # Usage: tools/device_decide_and_pair.sh GLMCHECK TESTBIN OUTDIR 'NAME:ENV…' ['NAME:…' …]
 #   e.g. … /tmp/glmcheck /tmp/glmcheck-tests /tmp/d 'base:' 'runsb:GLMCHECK_DEQUANT_EXPERTS=runsb'
 # Env: GLMCHECK_COMMIT, TEST_FILTERS, ROUNDS (2), UNIT_LIMIT (80), DECIDE_S, PAIR_S, PEERS, PAIR_ENV
-# (VAR=V pairs added to the pair's environment only, e.g. a switch of dequant-fast alone); NCU_KERNEL,
+# (VAR=V pairs added to the pair's environment only); NCU_KERNEL,
 # NCU_VARIANT, NCU_LAUNCHES, SEQS and CENSUS pass through to device_variants.sh (raise DECIDE_S for
-# them). A variant 'NAME:GLMCHECK_VARIANT_MATMUL=dequant-fast' runs another --matmul mode beside the
+# them). A variant 'NAME:GLMCHECK_VARIANT_MATMUL=q8' runs another --matmul mode beside the
 # others (its tolerance against the first's dump, its rounds, its census); it is never picked.
 # OUT set: the variants packed into $OUT/x.tar.xz, the pair into $OUT/q.tar.xz, $OUT/chosen.txt.
 # Figures: tools/device_variants_summary.py on x's dir, tools/device_gpu_summary.py on q's

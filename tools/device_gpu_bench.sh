@@ -5,7 +5,7 @@
 #      at 16 and 256 tokens (+ device copy bandwidth, + hook dump of the 16-token forward)
 #      -> glmcheck forward --reference <that dump> (module-by-module agreement, logits KL)
 #   B: llama.cpp build (background, nice) || synth -> glmcheck forward --bench 5 for --matmul
-#      dequant|dequant-fast|q8 at 16 and 256 tokens (dequant-fast where the binary has it) -> glmcheck dequant --device cuda --repeat 5 -> llama-bench
+#      dequant|q8 at 16 and 256 tokens -> glmcheck dequant --device cuda --repeat 5 -> llama-bench
 #   AB: both, one after the other (only where one call may run ~15 minutes)
 #   Q: synth, B's glmcheck forwards, then A (no llama.cpp, no dequant throughput): glmcheck against
 #      transformers in one call (~6 min on an H200), when device time is short; A's module
@@ -205,10 +205,6 @@ phase_a() {
       GLMCHECK_PEAK_RSS=1 gstep "cuda-bf16-q8-16-vs-hf" 60 "$bin" forward "$model" --tokens "$t16" --device "$dev" --dtype bf16 \
         --matmul q8 --max-new-tokens 0 --reference "$hfdump" --json
     fi
-    if [ "$m" = dequant ] && has_flag forward dequant-fast && [ "$(left)" -gt 40 ]; then
-      GLMCHECK_PEAK_RSS=1 gstep "cuda-bf16-dequant-fast-16-vs-hf" 60 "$bin" forward "$model" --tokens "$t16" --device "$dev" \
-        --dtype bf16 --matmul dequant-fast --max-new-tokens 0 --reference "$hfdump" --json
-    fi
   fi
   lb_signal CONT
   return 0
@@ -217,7 +213,6 @@ phase_a() {
 # glmcheck's timed forwards: --bench 5 for each matmul mode at 16 and 256 tokens.
 glmcheck_benches() {
   local modes=(dequant q8)
-  has_flag forward dequant-fast && modes=(dequant dequant-fast q8)
   has_flag forward --matmul || modes=(default)
   for seq in 16 256; do
     local toks=$t16; [ "$seq" = 256 ] && toks=$t256

@@ -197,7 +197,7 @@ def main():
     inspect, _ = first(dirs, "inspect.json")
     synth, _ = first(dirs, "synth.json")
     refs = {}
-    for mode in ("dequant", "default", "dequant-fast", "q8"):
+    for mode in ("dequant", "default", "q8"):
         r, _ = first(dirs, f"cuda-bf16-{mode}-16-vs-hf.json")
         if r is not None:
             refs[mode] = r
@@ -237,7 +237,7 @@ def main():
     modes = []
     for d in dirs:
         for f in sorted(os.listdir(d)):
-            m = re.match(r"cuda-bf16-(dequant-fast|dequant|q8|default)-(\d+)\.json$", f)
+            m = re.match(r"cuda-bf16-(dequant|q8|default)-(\d+)\.json$", f)
             if m and m.group(1) not in modes:
                 modes.append(m.group(1))
     modes = modes or ["dequant", "q8"]
@@ -307,7 +307,7 @@ def main():
     command = ("tools/device_gpu_bench.sh GLMCHECK OUTDIR A (synth --dims glm5 --layers 3 --qtype q4_k_m; "
                "export --hf --dtype bf16; tools/hf_bench.py HF --seq 16,256 --dump; glmcheck forward --device cuda "
                "--dtype bf16 --matmul dequant --reference <dump>) and ... B (glmcheck forward --device cuda --dtype bf16 "
-               "--matmul dequant|dequant-fast|q8 --max-new-tokens 0 --bench 5 at 16 and 256 tokens; glmcheck dequant --device cuda "
+               "--matmul dequant|q8 --max-new-tokens 0 --bench 5 at 16 and 256 tokens; glmcheck dequant --device cuda "
                "--repeat 5; llama-bench -m m.gguf -p 16,256 -n 0 -ngl 99 -r 5 -o json)")
     report = {"gpu": gpu, "date": date, "command": command, "commit": commit, "runs": runs, "dequant": dequant,
               "glmcheck": glm_version,
@@ -440,7 +440,7 @@ def main():
           "",
           "- Same weights in all three up to representation: the GGUF's Q4_K_M blocks (glmcheck, llama.cpp) and "
           "their bf16 dequantization (transformers). glmcheck `--matmul dequant` decodes blocks to bf16 for each "
-          "GEMM (the routed experts' in shared memory, inside the GEMM: `cuda/dequant_gemm.cu`); `--matmul q8` quantizes activations to 8 bits as llama.cpp's kernels do; `--matmul dequant-fast` (where run) is dequant with the routed experts' Q4_K weights decoded by packed bf16 FMAs (each `bf16(bf16(d·sc)·q − bf16(dmin·m))`: not the GGUF's exact values, judged as another engine on the same GGUF).",
+          "GEMM (the routed experts' in shared memory, inside the GEMM: `cuda/dequant_gemm.cu`); `--matmul q8` quantizes activations to 8 bits as llama.cpp's kernels do.",
           "- bound_ms is a lower bound from bytes alone (" + (runs[0]["bound_basis"] or "no basis") + " at 16 tokens): "
           "it ignores compute, launches and the dense weights glmcheck holds dequantized (bf16, larger than "
           "the GGUF's blocks).",

@@ -8,8 +8,7 @@
 #  3. dequant mode: the tiled expert kernel's forward against the decode-then-GEMM forward
 #     (GLMCHECK_DEQUANT_EXPERTS=batched, candle's decoders) of that file, module by module, 16 and 256 tokens;
 #  4. q8 mode: the int8 expert kernel's forward against llama.cpp's MMQ (GLMCHECK_Q8_EXPERTS=mmq);
-#  5. dequant-fast (where the binary has it): its forward against the decode-then-GEMM one, 256 tokens;
-#  6. --bench 5 at 16 and 256 tokens, every mode.
+#  5. --bench 5 at 16 and 256 tokens, both modes.
 # Usage: tools/device_llama_quantized_check.sh GLMCHECK OUTDIR   Env: WORK (default /tmp/gpub), PEERS
 # Packs OUTDIR into $OUT/$PACK_NAME.tar.xz (default x) when OUT is set: after another script of the
 # same call, set PACK_NAME=lq (say) so that neither archive replaces the other.
@@ -48,11 +47,6 @@ GLMCHECK_DEQUANT_EXPERTS=batched step batched-dump-256 120 "$bin" forward "$mode
   --dtype bf16 --matmul dequant --max-new-tokens 0 --json --dump "$d/batched-256.safetensors"
 step tiled-vs-batched-256 120 "$bin" forward "$model" --tokens "$t256" --device cuda --dtype bf16 --matmul dequant \
   --max-new-tokens 0 --json --reference "$d/batched-256.safetensors"
-fast=; "$bin" forward --help 2>/dev/null | grep -q dequant-fast && fast=dequant-fast
-if [ -n "$fast" ]; then
-  step fast-vs-batched-256 120 "$bin" forward "$model" --tokens "$t256" --device cuda --dtype bf16 --matmul dequant-fast \
-    --max-new-tokens 0 --json --reference "$d/batched-256.safetensors"
-fi
 GLMCHECK_Q8_EXPERTS=mmq step mmq-dump 120 "$bin" forward "$model" --tokens "$t16" --device cuda --dtype bf16 \
   --matmul q8 --max-new-tokens 0 --json --dump "$d/mmq.safetensors"
 step int8-vs-mmq 120 "$bin" forward "$model" --tokens "$t16" --device cuda --dtype bf16 --matmul q8 \
@@ -60,7 +54,7 @@ step int8-vs-mmq 120 "$bin" forward "$model" --tokens "$t16" --device cuda --dty
 rm -rf "$d"
 for n in 16 256; do
   toks=$(seq -s, 1000 $((999 + n)))
-  for mode in q8 dequant $fast; do
+  for mode in q8 dequant; do
     step "$mode-$n" 120 "$bin" forward "$model" --tokens "$toks" --device cuda --dtype bf16 --matmul "$mode" \
       --max-new-tokens 0 --bench 5 --profile --json
   done

@@ -30,13 +30,7 @@ impl From<DsaArg> for DsaMode {
 /// `forward --matmul`: how weights kept as quantized blocks are multiplied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum MatmulArg {
-    /// Weights decoded into the compute dtype before each matmul: the GGUF's own values.
     Dequant,
-    /// dequant with the routed experts' Q4_K and Q6_K weights decoded by packed bf16 FMAs on CUDA
-    /// in bf16: faster, but each weight off by up to ~2^-9 of its sub-block's range (judged as
-    /// another engine on the same GGUF; use dequant to diagnose).
-    DequantFast,
-    /// llama.cpp's quantized kernels (activations quantized to 8 bits): what a GGUF deployment computes.
     Q8,
 }
 
@@ -44,7 +38,6 @@ impl From<MatmulArg> for MatmulMode {
     fn from(a: MatmulArg) -> Self {
         match a {
             MatmulArg::Dequant => MatmulMode::Dequant,
-            MatmulArg::DequantFast => MatmulMode::DequantFast,
             MatmulArg::Q8 => MatmulMode::Q8,
         }
     }

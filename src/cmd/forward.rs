@@ -258,9 +258,7 @@ pub fn run(a: &ForwardArgs, ctx: &Ctx) -> anyhow::Result<Outcome> {
 /// same GGUF (their 8-bit activations are noise the reference does not have).
 fn kernel_kind(kind: ReferenceWeights, matmul: MatmulMode) -> ReferenceWeights {
     match (kind, matmul) {
-        (ReferenceWeights::Same, MatmulMode::Q8 | MatmulMode::DequantFast) => {
-            ReferenceWeights::SameGguf
-        }
+        (ReferenceWeights::Same, MatmulMode::Q8) => ReferenceWeights::SameGguf,
         (k, _) => k,
     }
 }

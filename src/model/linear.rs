@@ -17,14 +17,6 @@ pub enum MatmulMode {
     /// computed from the same dequantized weights, to the compute dtype's precision.
     #[default]
     Dequant,
-    /// Dequant, except that on CUDA in bf16 the routed experts' Q4_K and Q6_K blocks are decoded by
-    /// packed bf16 FMAs inside the grouped GEMM (two weights an instruction): a Q4_K weight is
-    /// `bf16(bf16(d·sc)·q − bf16(dmin·m))` instead of decode32's `bf16(d·sc·q − dmin·m)`, within
-    /// ~2^-9 of its sub-block's range of it; a Q6_K one `bf16(bf16(d·sc)·(q − 32))`. Faster, not
-    /// the same weights as a reference decoded from the GGUF: judged as another engine on the same
-    /// GGUF, like q8. Elsewhere (CPU, f32, f16, dense weights, other types) it computes what
-    /// dequant does.
-    DequantFast,
     /// candle's llama.cpp-derived quantized kernels (MMVQ/MMQ on CUDA, its quantized CPU matmul):
     /// activations are quantized to 8 bits per block first, as llama.cpp and vLLM's GGUF kernels
     /// compute. What a GGUF deployment computes, within its own (looser) tolerance.
@@ -35,7 +27,6 @@ impl MatmulMode {
     pub fn name(self) -> &'static str {
         match self {
             MatmulMode::Dequant => "dequant",
-            MatmulMode::DequantFast => "dequant-fast",
             MatmulMode::Q8 => "q8",
         }
     }
@@ -129,12 +120,11 @@ impl Blocks {
     /// by the quantized kernels (q8).
     pub fn matmul(&self, x: &Tensor, dtype: DType, mode: MatmulMode) -> Result<Tensor> {
         let one = |q: &QTensor| match mode {
-            MatmulMode::Dequant | MatmulMode::DequantFast => {
+            MatmulMode::Dequant => {
                 // on CUDA, a few tokens: decoded inside the grouped kernel (no decoded copy)
                 #[cfg(feature = "cuda")]
                 if x.rank() == 2 && super::moe_cuda::dense_on_tiles(x.dim(0)?) {
-                    let fast = mode == MatmulMode::DequantFast;
-                    if let Some(y) = super::moe_cuda::dense_tiled(q, x, fast)? {
+                    if let Some(y) = super::moe_cuda::dense_tiled(q, x)? {
                         return Ok(y);
                     }
                 }

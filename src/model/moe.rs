@@ -256,13 +256,12 @@ impl Experts {
         {
             return match mode {
                 MatmulMode::Q8 => self.fused([g, u, d], x, r, capture),
-                MatmulMode::Dequant | MatmulMode::DequantFast => {
+                MatmulMode::Dequant => {
                     if [g, u, d]
                         .iter()
                         .all(|q| super::moe_cuda::tiled_dequant(q, x.dtype()))
                     {
-                        let fast = *mode == MatmulMode::DequantFast;
-                        self.tiled([g, u, d], x, r, fast, capture)
+                        self.tiled([g, u, d], x, r, capture)
                     } else {
                         self.batched([g, u, d], x, r, capture)
                     }
@@ -381,29 +380,20 @@ impl Experts {
     /// the compute dtype, products summed in f32, each projection rounded to the compute dtype,
     /// SiLU and the gate·up product in the compute dtype) in one tiled kernel per projection that
     /// decodes the blocks in shared memory (`cuda/dequant_gemm.cu`): the decoded weights never
-    /// reach device memory, and no row is padded. `fast`: dequant-fast's kernel (Q4_K and Q6_K in
-    /// bf16 by packed bf16 FMAs, [`MatmulMode::DequantFast`]).
+    /// reach device memory, and no row is padded.
     fn tiled(
         &self,
         [g, u, d]: [&Arc<QTensor>; 3],
         x: &Tensor,
         r: &Routing,
-        fast: bool,
         capture: &mut dyn Capture,
     ) -> Result<Tensor> {
         let t = x.dim(0)?;
         let grouping = super::grouping::Grouping::new(&r.indices, self.gate.len()?)?;
         let x = x.contiguous()?;
-        let mm = |w: &QTensor, x: &Tensor, by_token: bool| {
-            if fast {
-                grouping.dequant_fast_matmul(w, x, by_token)
-            } else {
-                grouping.dequant_matmul(w, x, by_token)
-            }
-        };
-        let act = mm(g, &x, true)?.silu()?; // [R, inter], grouped order
-        let up = mm(u, &x, true)?;
-        let y = mm(d, &(&act * up)?, false)?; // [R, hidden]
+        let act = grouping.dequant_matmul(g, &x, true)?.silu()?; // [R, inter], grouped order
+        let up = grouping.dequant_matmul(u, &x, true)?;
+        let y = grouping.dequant_matmul(d, &(&act * up)?, false)?; // [R, hidden]
         let act_path = sub(&self.path, conv::ACT);
         if capture.wants(&nth_call(&act_path, 0)) {
             emit_grouped_acts(capture, &act_path, &grouping, &act)?;

@@ -67,12 +67,12 @@ pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
     matches!(dtype, DType::BF16 | DType::F16) && shape_ok && type_ok && !off
 }
 
-/// The most tokens a dense matmul of dequant (and dequant-fast) runs through the grouped kernel
-/// with by default ([`dense_tiled`]): one 32-token tile, so each weight is decoded once, inside
-/// the GEMM, instead of decoded whole into device memory (the lm_head: 1.9 GB of bf16 written and
-/// read back) and multiplied by cuBLAS. Past one tile every tile decodes the weight again: on an
-/// H100 at 256 tokens (8 tiles) the forward took 13.2 ms that way against 10.4 with the decoded
-/// copies, at 16 tokens 3.7 ms against 6.0 (`reports/gpu-moe.md`, build AA).
+/// The most tokens a dense matmul of dequant mode runs through the grouped kernel with by default
+/// ([`dense_tiled`]): one 32-token tile, so each weight is decoded once, inside the GEMM, instead
+/// of decoded whole into device memory (the lm_head: 1.9 GB of bf16 written and read back) and
+/// multiplied by cuBLAS. Past one tile every tile decodes and reads the weight again: on an H100
+/// at 256 tokens (8 tiles) the forward took 13.2 ms that way against 10.4 with the decoded copies,
+/// at 16 tokens 3.7 ms against 6.0 (`reports/gpu-moe.md`, build AA).
 pub(crate) const DENSE_TILED_TOKENS: usize = 32;
 
 /// Whether a dense matmul of `t` tokens goes through the grouped kernel: up to
@@ -87,12 +87,11 @@ pub(crate) fn dense_on_tiles(t: usize) -> bool {
 }
 
 /// A dense matmul through the grouped kernel: `x · Wᵀ` for a quantized `[out, in]` weight as a
-/// one-expert stack of all `T` rows, decoded inside the GEMM: dequant's kernel (`fast` false:
-/// the GGUF's values, rounded once to the dtype; f32 sums in another order than cuBLAS') or
-/// dequant-fast's ([`TiledKernel::Packed`]: Q4_K and Q6_K by packed bf16 FMAs). `None`: not taken
-/// (not bf16/f16 on CUDA, not `[T, in]`, a type or shape the kernel does not cover). → `[T, out]`
-/// in `x`'s dtype.
-pub(crate) fn dense_tiled(w: &QTensor, x: &Tensor, fast: bool) -> Result<Option<Tensor>> {
+/// one-expert stack of all `T` rows, decoded inside the GEMM (the GGUF's values rounded once to
+/// the dtype, as the decoded copy holds them; f32 sums in another order than cuBLAS'). `None`: not
+/// taken (not bf16/f16 on CUDA, not `[T, in]`, a type or shape the kernel does not cover).
+/// → `[T, out]` in `x`'s dtype.
+pub(crate) fn dense_tiled(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
     if !matches!(x.dtype(), DType::BF16 | DType::F16) || !x.device().is_cuda() || x.rank() != 2 {
         return Ok(None);
     }
@@ -103,14 +102,7 @@ pub(crate) fn dense_tiled(w: &QTensor, x: &Tensor, fast: bool) -> Result<Option<
         return Ok(None);
     }
     let x = x.contiguous()?;
-    super::q8_cuda::with_identity(&x, |g| {
-        if fast {
-            g.dequant_fast_matmul(w, &x, true)
-        } else {
-            g.dequant_matmul(w, &x, true)
-        }
-    })
-    .map(Some)
+    super::q8_cuda::with_identity(&x, |g| g.dequant_matmul(w, &x, true)).map(Some)
 }
 
 /// Which of `cuda/dequant_gemm.cu`'s two tiled kernels multiplies: the register-decode kernel
@@ -131,10 +123,7 @@ pub(crate) fn dense_tiled(w: &QTensor, x: &Tensor, fast: bool) -> Result<Option<
 /// every block (no addend to test), half the integer-pipe work of the byte permutes. The register
 /// kernel decodes Q4_K that way too (its default since 2026-12-07: the same bits, the 16-wide Q4_K
 /// launches ~8 % faster on an H100, `reports/gpu-moe.md` build Z); `RunsBytes`: the tile runs with
-/// the byte permutes for Q4_K as well (the earlier default, kept to compare). `Packed`: the tile
-/// runs with Q4_K and Q6_K in bf16 decoded by packed bf16 FMAs (`--matmul dequant-fast`: two
-/// weights an instruction, from the scales rounded to bf16: not dequant's values; f16 and the
-/// other types as `Runs`).
+/// the byte permutes for Q4_K as well (the earlier default, kept to compare).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TiledKernel {
     Registers(Option<u8>),
@@ -142,7 +131,6 @@ pub enum TiledKernel {
     Direct(u8),
     DirectH16,
     RunsBytes,
-    Packed,
     Shared,
 }
 
@@ -179,7 +167,6 @@ impl TiledKernel {
             TiledKernel::Direct(_) => (2, 0),
             TiledKernel::DirectH16 => (4, 0),
             TiledKernel::RunsBytes => (5, 0),
-            TiledKernel::Packed => (6, 0),
             TiledKernel::Shared => (1, 0),
         }
     }
@@ -191,12 +178,6 @@ impl Grouping {
     /// `x[j]`. → `[rows, out]` in `x`'s dtype, rows in grouped order (see [`tiled_dequant`]).
     pub fn dequant_matmul(&self, w: &QTensor, x: &Tensor, by_token: bool) -> Result<Tensor> {
         self.dequant_matmul_with(w, x, by_token, TiledKernel::from_env())
-    }
-
-    /// dequant-fast mode's tiled kernel ([`TiledKernel::Packed`]), otherwise as
-    /// [`Grouping::dequant_matmul`].
-    pub fn dequant_fast_matmul(&self, w: &QTensor, x: &Tensor, by_token: bool) -> Result<Tensor> {
-        self.dequant_matmul_with(w, x, by_token, TiledKernel::Packed)
     }
 
     /// [`Grouping::dequant_matmul`] on the given kernel.
@@ -316,8 +297,7 @@ impl DequantMatmul<'_> {
             TiledKernel::Runs
             | TiledKernel::Direct(_)
             | TiledKernel::DirectH16
-            | TiledKernel::RunsBytes
-            | TiledKernel::Packed => g
+            | TiledKernel::RunsBytes => g
                 .tile_runs(32)
                 .into_iter()
                 .map(|r| {

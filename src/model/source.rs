@@ -195,7 +195,7 @@ pub(crate) fn stackable(
     typed
         && match mode {
             MatmulMode::Q8 => expert_shape.get(1).is_some_and(|&inputs| inputs % 256 == 0),
-            MatmulMode::Dequant | MatmulMode::DequantFast => elems > 0 && elems.is_multiple_of(256),
+            MatmulMode::Dequant => elems > 0 && elems.is_multiple_of(256),
         }
 }
 

@@ -244,9 +244,6 @@ pub fn synth_text(r: &crate::synth::SynthReport, out: &Path) -> String {
 pub fn matmul_text(m: crate::model::MatmulMode) -> &'static str {
     match m {
         crate::model::MatmulMode::Dequant => "dequantized before each matmul",
-        crate::model::MatmulMode::DequantFast => {
-            "dequantized before each matmul, the routed experts' Q4_K/Q6_K by packed bf16 FMAs"
-        }
         crate::model::MatmulMode::Q8 => "multiplied by q8 kernels",
     }
 }
