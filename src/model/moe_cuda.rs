@@ -72,7 +72,8 @@ pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
 /// of decoded whole into device memory (the lm_head: 1.9 GB of bf16 written and read back) and
 /// multiplied by cuBLAS. Past one tile every tile decodes and reads the weight again: on an H100
 /// at 256 tokens (8 tiles) the forward took 13.2 ms that way against 10.4 with the decoded copies,
-/// at 16 tokens 3.7 ms against 6.0 (`reports/gpu-moe.md`, build AA).
+/// at 16 tokens 3.7 ms against 6.0 (both measured with build AA's packed-decode kernel, since
+/// removed; the exact kernel's route has not run on a GPU yet: `reports/gpu-moe.md` build AA).
 pub(crate) const DENSE_TILED_TOKENS: usize = 32;
 
 /// Whether a dense matmul of `t` tokens goes through the grouped kernel: up to

@@ -199,7 +199,7 @@ fn the_tiled_kernels_decode_every_weight_to_candles_bits() -> Result<()> {
 /// Three copy stages ([`TiledKernel::Runs3`]) against two ([`TiledKernel::Runs`]) over 9 steps of
 /// 256 (the ring of three buffers wraps three times; the tests above have 2 steps): the same
 /// decode and the same order of MMAs, so the same output bit for bit, every type, bf16 and f16,
-/// 8-, 16- and 32-wide tiles (experts of 5, 12 and 23 rows).
+/// 8-, 16- and 32-wide tiles (experts of 5, 10 and 25 rows).
 #[test]
 fn three_copy_stages_equal_two_bit_for_bit() -> Result<()> {
     let Ok(dev) = Device::new_cuda(0) else {
