@@ -1052,6 +1052,33 @@ int launch_tn(const void * w, long long expert_bytes, long long row_bytes, const
         : launch<T, 32, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, k_in, n_active, max_rows, stream);
 }
 
+// The register-decode kernel with S copy stages for the types it covers (Q4_K with the f16 decode
+// where h16, the byte permutes otherwise; Q5_K, Q6_K, Q8_0), at tile width tn: launch_mma_tn's
+// code, or -1 for a type it does not cover (the shared-memory kernel's). With three stages only the
+// default decodes are built.
+template <typename C, int S>
+int launch_registers(int ggml_type, bool h16, bool aligned, int tn, const void * w, long long expert_bytes, long long row_bytes,
+                     const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist,
+                     void * y, int n_out, int k_in, int n_active, int max_rows, cudaStream_t stream) {
+#define GLMCHECK_MMA(Q, A, H) launch_mma_tn<Q, A, C, H, S>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
+                                                        n_out, k_in, n_active, max_rows, stream)
+    switch (ggml_type) {
+        case Q4_K:
+            if (h16) {
+                return aligned ? GLMCHECK_MMA(Q4_K, true, true) : GLMCHECK_MMA(Q4_K, false, true);
+            }
+            if constexpr (S == 2) {
+                return aligned ? GLMCHECK_MMA(Q4_K, true, false) : GLMCHECK_MMA(Q4_K, false, false);
+            }
+            return 2;
+        case Q5_K: return aligned ? GLMCHECK_MMA(Q5_K, true, false) : GLMCHECK_MMA(Q5_K, false, false);
+        case Q6_K: return GLMCHECK_MMA(Q6_K, false, false);
+        case Q8_0: return GLMCHECK_MMA(Q8_0, false, false);
+        default: return -1;
+    }
+#undef GLMCHECK_MMA
+}
+
 template <typename C>
 int launch_type(int ggml_type, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes,
                 const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y,
@@ -1080,35 +1107,15 @@ int launch_type(int ggml_type, int kernel, int tn, const void * w, long long exp
     // pipe. For Q6_K (a 6-bit q assembled from two places) it compiled to more integer work than
     // the permutes. Kernel 5: the byte permutes for Q4_K too (the earlier default, kept to compare).
     // Kernel 6: the register kernel with three copy stages (the default decodes), to measure.
-    if (kernel == 6) {
-#define GLMCHECK_MMA3(Q, A, H) launch_mma_tn<Q, A, C, H, 3>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
-                                                         n_out, k_in, n_active, max_rows, stream)
-        switch (ggml_type) {
-            case Q4_K: return aligned ? GLMCHECK_MMA3(Q4_K, true, true) : GLMCHECK_MMA3(Q4_K, false, true);
-            case Q5_K: return aligned ? GLMCHECK_MMA3(Q5_K, true, false) : GLMCHECK_MMA3(Q5_K, false, false);
-            case Q6_K: return GLMCHECK_MMA3(Q6_K, false, false);
-            case Q8_0: return GLMCHECK_MMA3(Q8_0, false, false);
-            default: break; // the shared-memory kernel below
-        }
-#undef GLMCHECK_MMA3
-    }
-    if (kernel != 1 && kernel != 5 && ggml_type == Q4_K) {
-        return aligned ? launch_mma_tn<Q4_K, true, C, true>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
-                                                            n_out, k_in, n_active, max_rows, stream)
-                       : launch_mma_tn<Q4_K, false, C, true>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
-                                                             n_out, k_in, n_active, max_rows, stream);
-    }
     if (kernel != 1) {
-#define GLMCHECK_MMA(Q, A) launch_mma_tn<Q, A, C>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, \
-                                                 k_in, n_active, max_rows, stream)
-        switch (ggml_type) {
-            case Q4_K: return aligned ? GLMCHECK_MMA(Q4_K, true) : GLMCHECK_MMA(Q4_K, false);
-            case Q5_K: return aligned ? GLMCHECK_MMA(Q5_K, true) : GLMCHECK_MMA(Q5_K, false);
-            case Q6_K: return GLMCHECK_MMA(Q6_K, false);
-            case Q8_0: return GLMCHECK_MMA(Q8_0, false);
-            default: break; // the shared-memory kernel below
+        const int r = kernel == 6
+                ? launch_registers<C, 3>(ggml_type, true, aligned, tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist,
+                                         y, n_out, k_in, n_active, max_rows, stream)
+                : launch_registers<C, 2>(ggml_type, kernel != 5, aligned, tn, w, expert_bytes, row_bytes, x, src, bounds, experts,
+                                         zlist, y, n_out, k_in, n_active, max_rows, stream);
+        if (r >= 0) {
+            return r;
         }
-#undef GLMCHECK_MMA
     }
 #define GLMCHECK_DQMM(Q) case Q: return launch_tn<Q, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
         n_out, k_in, n_active, max_rows, stream);

@@ -34,7 +34,6 @@ echo "variants rc=$?" > "$out/rc.txt"
 # 2. the pick
 env_line=$(python3 "$here/device_pick_variant.py" "$out/v" 2> "$out/chosen.txt")
 echo "env: [$env_line]" >> "$out/chosen.txt"
-[ -n "${OUT:-}" ] && cp "$out/chosen.txt" "$OUT/chosen.txt"
 # shellcheck disable=SC2016
 printf '#!/bin/sh\nexec env %s %s %s "$@"\n' "$env_line" "${PAIR_ENV:-}" "$bin" > "$out/glmcheck-chosen"
 echo "pair env: [$env_line ${PAIR_ENV:-}]" >> "$out/chosen.txt"

@@ -19,6 +19,19 @@ fn rel_l2(a: &Tensor, b: &Tensor) -> Result<f32> {
     Ok((num / den).sqrt())
 }
 
+/// How many values of `a` differ from `b`'s in their bits (any dtype, compared as f32, which holds
+/// f16 and bf16 exactly), and how many there are.
+fn bits_differ(a: &Tensor, b: &Tensor) -> Result<(usize, usize)> {
+    let to_f32 = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+    let (a, b) = (to_f32(a)?, to_f32(b)?);
+    let diff = a
+        .iter()
+        .zip(&b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    Ok((diff, a.len()))
+}
+
 /// The quant types of `cuda/dequant_gemm.cu` (the tiled kernel and the whole-tensor decoder).
 const TILED_TYPES: [GgmlDType; 6] = [
     GgmlDType::Q4_0,
@@ -218,24 +231,8 @@ fn three_copy_stages_equal_two_bit_for_bit() -> Result<()> {
             let x = Tensor::randn(0f32, 1.0, (40, inp), &dev)?.to_dtype(dtype)?;
             let two = g.dequant_matmul_with(&q, &x, true, TiledKernel::Runs)?;
             let three = g.dequant_matmul_with(&q, &x, true, TiledKernel::Runs3)?;
-            let (a, b) = (
-                two.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
-                three
-                    .to_dtype(DType::F32)?
-                    .flatten_all()?
-                    .to_vec1::<f32>()?,
-            );
-            let diff = a
-                .iter()
-                .zip(&b)
-                .filter(|(x, y)| x.to_bits() != y.to_bits())
-                .count();
-            assert_eq!(
-                diff,
-                0,
-                "{qt:?} {dtype:?}: {diff} of {} outputs differ",
-                a.len()
-            );
+            let (diff, n) = bits_differ(&three, &two)?;
+            assert_eq!(diff, 0, "{qt:?} {dtype:?}: {diff} of {n} outputs differ");
         }
     }
     Ok(())
@@ -312,20 +309,10 @@ fn the_whole_tensor_decoder_equals_candles_bit_for_bit() -> Result<()> {
                 let got = crate::gguf::cuda_decode::decode_grid(&q, dtype, grid)?
                     .unwrap_or_else(|| panic!("{qt:?} {dtype:?} not covered"));
                 assert_eq!(got.dims(), want.dims());
-                let (g, w) = (
-                    got.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
-                    want.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
-                );
-                let diff = g
-                    .iter()
-                    .zip(&w)
-                    .filter(|(a, b)| a.to_bits() != b.to_bits())
-                    .count();
+                let (diff, n) = bits_differ(&got, &want)?;
                 assert_eq!(
-                    diff,
-                    0,
-                    "{qt:?} {dtype:?} grid {grid}: {diff} of {} values differ",
-                    g.len()
+                    diff, 0,
+                    "{qt:?} {dtype:?} grid {grid}: {diff} of {n} values differ"
                 );
             }
             eprintln!(
