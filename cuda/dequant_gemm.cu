@@ -589,11 +589,11 @@ __device__ __forceinline__ void dq_step_live(int live, const uint8_t * const (&b
 }
 
 // As glmcheck_dqmm: y[j] = W[experts[z]] · x[src[j]] for the grouped rows j of active expert z.
-// Grid: (row tiles of 8·NT, n_out / 64, active experts). S: the stages of the copy pipeline (2:
-// the next step's copies in flight while a step is decoded; 3: the next two, kernel code 6, to
-// measure whether the step's wait for its copies is what holds the kernel, reports/gpu-moe.md
-// build AA).
-template <int T, int NT, bool ALIGNED, typename C, bool H16 = false, int S = 2>
+// Grid: (row tiles of 8·NT, n_out / 64, active experts). Two copy stages: three (the next two
+// steps' copies in flight) were the same bits and slower, 2772 → 3003 µs for the 16-wide Q4_K
+// launches at 256 tokens on an H100 (a third buffer costs two resident blocks an SM;
+// reports/gpu-moe.md build AB; recoverable at e9aa729).
+template <int T, int NT, bool ALIGNED, typename C, bool H16 = false>
 __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes,
         const C * __restrict__ x, const int32_t * __restrict__ src,
@@ -609,11 +609,10 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
     const int n0 = blockIdx.y * BM;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 
-    // Shared memory: raw[S][BM][P] | xs[S][TN][XPB].
-    static_assert(S == 2 || S == 3, "two or three stages");
+    // Shared memory: raw[2][BM][P] | xs[2][TN][XPB].
     extern __shared__ __align__(16) uint8_t smem[];
     uint8_t * raw = smem;
-    uint8_t * xs = smem + S * BM * P;
+    uint8_t * xs = smem + 2 * BM * P;
     __shared__ int src_row[TN];
     __shared__ __align__(8) float rsc[BM * RS];
     if (tid < TN) {
@@ -660,27 +659,16 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         }
     }
     const int r0 = 16 * warp + g; // this lane's rows: r0 and r0 + 8
-    // the first S - 1 steps' copies in flight, one commit group each
-#pragma unroll
-    for (int i = 0; i < S - 1; ++i) {
-        if (i < steps) {
-            stage(i, i);
-        }
-    }
+    stage(0, 0);
     for (int step = 0; step < steps; ++step) {
-        const int buf = step % S;
+        const int buf = step & 1;
         auto blk = [&](int r) {
             const int mis = ALIGNED ? 0 : (int) ((uintptr_t) (wexp + r * row_bytes + (long long) step * B) & 15);
             return raw + (buf * BM + r) * P + mis;
         };
-        // this step's group landed: with S = 3 the next step's may still be in flight
-        if (S == 3 && step + 1 < steps) {
-            __pipeline_wait_prior(1);
-        } else {
-            __pipeline_wait_prior(0);
-        }
-        // Everyone's copies of this step have landed; everyone is done with the buffer the copies
-        // below refill (the previous step's) and with the previous step's scales.
+        __pipeline_wait_prior(0);
+        // Everyone's copies of this step have landed; everyone is done with the other buffer and
+        // with the previous step's scales.
         __syncthreads();
         // Whether every addend of the step is exact (block-uniform): the one-FMA decode.
         bool fma1 = true;
@@ -690,8 +678,8 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         } else {
             fma1 = __syncthreads_and(dq_scales<T, ALIGNED>(blk, rsc, tid));
         }
-        if (step + S - 1 < steps) {
-            stage((step + S - 1) % S, step + S - 1);
+        if (step + 1 < steps) {
+            stage(buf ^ 1, step + 1);
         }
         const uint8_t * b[2] = {blk(r0), blk(r0 + 8)};
         const float * rs[2] = {rsc + r0 * RS, rsc + (r0 + 8) * RS};
@@ -716,12 +704,12 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
     }
 }
 
-template <int T, int NT, bool ALIGNED, typename C, bool H16 = false, int S = 2>
+template <int T, int NT, bool ALIGNED, typename C, bool H16 = false>
 int launch_mma(const void * w, long long expert_bytes, long long row_bytes, const void * x, const int32_t * src,
                const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in, int n_active,
                int max_rows, cudaStream_t stream) {
-    const size_t shared = S * (BM * raw_pitch(T) + 8 * NT * XPB);
-    auto kernel = glmcheck_dqmma<T, NT, ALIGNED, C, H16, S>;
+    const size_t shared = 2 * (BM * raw_pitch(T) + 8 * NT * XPB);
+    auto kernel = glmcheck_dqmma<T, NT, ALIGNED, C, H16>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) shared) != cudaSuccess
         || cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                 (int) cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
@@ -734,15 +722,15 @@ int launch_mma(const void * w, long long expert_bytes, long long row_bytes, cons
 }
 
 // The register-decode kernel at tile width tn (8, 16 or 32 tokens; 0: by the busiest expert's rows).
-template <int T, bool ALIGNED, typename C, bool H16 = false, int S = 2>
+template <int T, bool ALIGNED, typename C, bool H16 = false>
 int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_bytes, const void * x,
                   const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in,
                   int n_active, int max_rows, cudaStream_t stream) {
     if (tn == 0) {
         tn = max_rows <= 8 ? 8 : max_rows <= 16 ? 16 : 32;
     }
-#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C, H16, S>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
-                                                          n_out, k_in, n_active, max_rows, stream)
+#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C, H16>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
+                                                       n_out, k_in, n_active, max_rows, stream)
     switch (tn) {
         case 8: return GLMCHECK_DQMMA(1);
         case 16: return GLMCHECK_DQMMA(2);
@@ -1052,25 +1040,21 @@ int launch_tn(const void * w, long long expert_bytes, long long row_bytes, const
         : launch<T, 32, C>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, n_out, k_in, n_active, max_rows, stream);
 }
 
-// The register-decode kernel with S copy stages for the types it covers (Q4_K with the f16 decode
-// where h16, the byte permutes otherwise; Q5_K, Q6_K, Q8_0), at tile width tn: launch_mma_tn's
-// code, or -1 for a type it does not cover (the shared-memory kernel's). With three stages only the
-// default decodes are built.
-template <typename C, int S>
+// The register-decode kernel for the types it covers (Q4_K with the f16 decode where h16, the byte
+// permutes otherwise; Q5_K, Q6_K, Q8_0), at tile width tn: launch_mma_tn's code, or -1 for a type
+// it does not cover (the shared-memory kernel's).
+template <typename C>
 int launch_registers(int ggml_type, bool h16, bool aligned, int tn, const void * w, long long expert_bytes, long long row_bytes,
                      const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist,
                      void * y, int n_out, int k_in, int n_active, int max_rows, cudaStream_t stream) {
-#define GLMCHECK_MMA(Q, A, H) launch_mma_tn<Q, A, C, H, S>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
+#define GLMCHECK_MMA(Q, A, H) launch_mma_tn<Q, A, C, H>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
                                                         n_out, k_in, n_active, max_rows, stream)
     switch (ggml_type) {
         case Q4_K:
             if (h16) {
                 return aligned ? GLMCHECK_MMA(Q4_K, true, true) : GLMCHECK_MMA(Q4_K, false, true);
             }
-            if constexpr (S == 2) {
-                return aligned ? GLMCHECK_MMA(Q4_K, true, false) : GLMCHECK_MMA(Q4_K, false, false);
-            }
-            return 2;
+            return aligned ? GLMCHECK_MMA(Q4_K, true, false) : GLMCHECK_MMA(Q4_K, false, false);
         case Q5_K: return aligned ? GLMCHECK_MMA(Q5_K, true, false) : GLMCHECK_MMA(Q5_K, false, false);
         case Q6_K: return GLMCHECK_MMA(Q6_K, false, false);
         case Q8_0: return GLMCHECK_MMA(Q8_0, false, false);
@@ -1106,13 +1090,9 @@ int launch_type(int ggml_type, int kernel, int tn, const void * w, long long exp
     // math-pipe throttle the second stall reason) and the f16 decode moves its work to the FMA
     // pipe. For Q6_K (a 6-bit q assembled from two places) it compiled to more integer work than
     // the permutes. Kernel 5: the byte permutes for Q4_K too (the earlier default, kept to compare).
-    // Kernel 6: the register kernel with three copy stages (the default decodes), to measure.
     if (kernel != 1) {
-        const int r = kernel == 6
-                ? launch_registers<C, 3>(ggml_type, true, aligned, tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist,
-                                         y, n_out, k_in, n_active, max_rows, stream)
-                : launch_registers<C, 2>(ggml_type, kernel != 5, aligned, tn, w, expert_bytes, row_bytes, x, src, bounds, experts,
-                                         zlist, y, n_out, k_in, n_active, max_rows, stream);
+        const int r = launch_registers<C>(ggml_type, kernel != 5, aligned, tn, w, expert_bytes, row_bytes, x, src, bounds,
+                                          experts, zlist, y, n_out, k_in, n_active, max_rows, stream);
         if (r >= 0) {
             return r;
         }
@@ -1138,7 +1118,7 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 
 // Returns 0 when launched; 1: no kernel for the quant type or dtype (dtype 1 f16, 2 bf16); 2: a
 // shape the tiling does not cover (n_out % 64, k_in % 256, an empty or too large grid, a tile width
-// not 0, 8, 16 or 32) or a kernel code outside 0..6; 3: CUDA refused the launch. x: [*, k_in]
+// not 0, 8, 16 or 32) or a kernel code outside 0..5; 3: CUDA refused the launch. x: [*, k_in]
 // contiguous rows of the compute dtype (16-byte aligned rows); src: the x row of each grouped row
 // (null: grouped row j is x's row j);
 // zlist: the active experts (indices into bounds/experts) this launch covers, n_active of them
@@ -1148,14 +1128,13 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 // shared-memory kernel glmcheck_dqmm; kernels 2 and 3: the direct-load kernel (4 and 8 warps a
 // block) for Q4_K stacks on 16-byte aligned rows, the register-decode kernel for the rest; kernel 4:
 // kernel 2 with the f16 decode of Q4_K. The register kernel decodes Q4_K with the f16 decode
-// (H16) except for kernel 5, which keeps the byte permutes of the one-FMA decode for every type;
-// kernel 6 is the register kernel with three copy stages instead of two.
+// (H16) except for kernel 5, which keeps the byte permutes of the one-FMA decode for every type.
 extern "C" int glmcheck_dequant_matmul(
         int ggml_type, int dtype, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes,
         const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y,
         int n_out, int k_in, int n_active, int max_rows, void * stream) {
     if (n_out % BM != 0 || k_in % KS != 0 || n_active <= 0 || n_active > 65535 || max_rows <= 0
-        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || kernel < 0 || kernel > 6) {
+        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || kernel < 0 || kernel > 5) {
         return 2;
     }
     const cudaStream_t s = (cudaStream_t) stream;

@@ -6,7 +6,9 @@
 #  2. glmcheck synth --dims glm5 --layers 2 --qtype q8_0 (1 dense + 1 MoE), then
 #     llama-quantize --allow-requantize to Q4_K_M: llama.cpp's type mix and its Q4_K/Q6_K/... blocks;
 #  3. dequant mode: the tiled expert kernel's forward against the decode-then-GEMM forward
-#     (GLMCHECK_DEQUANT_EXPERTS=batched, candle's decoders) of that file, module by module, 16 and 256 tokens;
+#     (GLMCHECK_DEQUANT_EXPERTS=batched GLMCHECK_DENSE=decode: every weight decoded whole, candle's
+#     decoders for the experts, then cuBLAS) of that file, module by module, 16 and 256 tokens — at
+#     16 tokens the tiled forward's dense matmuls take the grouped kernel too (moe_cuda::dense_tiled);
 #  4. q8 mode: the int8 expert kernel's forward against llama.cpp's MMQ (GLMCHECK_Q8_EXPERTS=mmq);
 #  5. --bench 5 at 16 and 256 tokens, both modes.
 # Usage: tools/device_llama_quantized_check.sh GLMCHECK OUTDIR   Env: WORK (default /tmp/gpub), PEERS
@@ -38,12 +40,12 @@ fi
 [ -f "$model" ] || step quantize 300 "$lq" --allow-requantize "$q8" "$model" Q4_K_M
 step inspect 60 "$bin" inspect "$model" --json
 d=$work/dumps; mkdir -p "$d"; t16=$(seq -s, 1000 1015)
-GLMCHECK_DEQUANT_EXPERTS=batched step batched-dump 120 "$bin" forward "$model" --tokens "$t16" --device cuda \
+GLMCHECK_DEQUANT_EXPERTS=batched GLMCHECK_DENSE=decode step batched-dump 120 "$bin" forward "$model" --tokens "$t16" --device cuda \
   --dtype bf16 --matmul dequant --max-new-tokens 0 --json --dump "$d/batched.safetensors"
 step tiled-vs-batched 120 "$bin" forward "$model" --tokens "$t16" --device cuda --dtype bf16 --matmul dequant \
   --max-new-tokens 0 --json --reference "$d/batched.safetensors"
 t256=$(seq -s, 1000 1255)
-GLMCHECK_DEQUANT_EXPERTS=batched step batched-dump-256 120 "$bin" forward "$model" --tokens "$t256" --device cuda \
+GLMCHECK_DEQUANT_EXPERTS=batched GLMCHECK_DENSE=decode step batched-dump-256 120 "$bin" forward "$model" --tokens "$t256" --device cuda \
   --dtype bf16 --matmul dequant --max-new-tokens 0 --json --dump "$d/batched-256.safetensors"
 step tiled-vs-batched-256 120 "$bin" forward "$model" --tokens "$t256" --device cuda --dtype bf16 --matmul dequant \
   --max-new-tokens 0 --json --reference "$d/batched-256.safetensors"

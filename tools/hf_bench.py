@@ -52,6 +52,12 @@ import sys
 import time
 from pathlib import Path
 
+# Loading a 3-layer real-size model into an 80 GB H100 ran out of memory in transformers' weight
+# conversion (gate and up concatenated, 12 GiB at a time) with 30 GiB reserved but unallocated
+# (2026-12-07, e9aa729): expandable segments let freed blocks serve the next allocation. Set before
+# torch is imported; an explicit setting wins.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
 DTYPES = {"bf16": "bfloat16", "f32": "float32", "f16": "float16"}
 
 

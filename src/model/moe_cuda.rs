@@ -124,10 +124,7 @@ pub(crate) fn dense_tiled(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
 /// every block (no addend to test), half the integer-pipe work of the byte permutes. The register
 /// kernel decodes Q4_K that way too (its default since 2026-12-07: the same bits, the 16-wide Q4_K
 /// launches ~8 % faster on an H100, `reports/gpu-moe.md` build Z); `RunsBytes`: the tile runs with
-/// the byte permutes for Q4_K as well (the earlier default, kept to compare). `Runs3`: the tile
-/// runs with three copy stages instead of two (the next two steps' blocks in flight while one is
-/// decoded; the same values), to measure whether waiting for a step's copies is what holds the
-/// kernel (`reports/gpu-moe.md` build AA).
+/// the byte permutes for Q4_K as well (the earlier default, kept to compare).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TiledKernel {
     Registers(Option<u8>),
@@ -135,7 +132,6 @@ pub enum TiledKernel {
     Direct(u8),
     DirectH16,
     RunsBytes,
-    Runs3,
     Shared,
 }
 
@@ -144,8 +140,7 @@ impl TiledKernel {
     /// `GLMCHECK_DEQUANT_EXPERTS=one` (the register kernel in one launch at the cost model's
     /// tile), `GLMCHECK_DEQUANT_EXPERTS=direct|direct8|directh` (the tile runs on the direct-load
     /// kernel with 4 or 8 warps a block, or 4 with the f16 decode), `=runsb` (the tile runs with
-    /// Q4_K's byte permutes instead of the f16 decode), `=runs3` (the tile runs with three copy
-    /// stages) and `GLMCHECK_DEQUANT_TILE=8|16|32` (one
+    /// Q4_K's byte permutes instead of the f16 decode) and `GLMCHECK_DEQUANT_TILE=8|16|32` (one
     /// launch at that tile width), kept to measure one against the other.
     pub fn from_env() -> TiledKernel {
         match std::env::var_os("GLMCHECK_DEQUANT_EXPERTS") {
@@ -155,7 +150,6 @@ impl TiledKernel {
             Some(v) if v == "direct8" => return TiledKernel::Direct(8),
             Some(v) if v == "directh" => return TiledKernel::DirectH16,
             Some(v) if v == "runsb" => return TiledKernel::RunsBytes,
-            Some(v) if v == "runs3" => return TiledKernel::Runs3,
             _ => {}
         }
         std::env::var("GLMCHECK_DEQUANT_TILE")
@@ -174,7 +168,6 @@ impl TiledKernel {
             TiledKernel::Direct(_) => (2, 0),
             TiledKernel::DirectH16 => (4, 0),
             TiledKernel::RunsBytes => (5, 0),
-            TiledKernel::Runs3 => (6, 0),
             TiledKernel::Shared => (1, 0),
         }
     }
@@ -305,8 +298,7 @@ impl DequantMatmul<'_> {
             TiledKernel::Runs
             | TiledKernel::Direct(_)
             | TiledKernel::DirectH16
-            | TiledKernel::RunsBytes
-            | TiledKernel::Runs3 => g
+            | TiledKernel::RunsBytes => g
                 .tile_runs(32)
                 .into_iter()
                 .map(|r| {

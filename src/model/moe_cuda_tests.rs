@@ -45,10 +45,9 @@ const TILED_TYPES: [GgmlDType; 6] = [
 /// Both tiled kernels, the register kernel at each tile width, by the cost model and in tile runs,
 /// and the direct-load kernel (Q4_K) with 4 and 8 warps a block in tile runs; both with the f16 decode
 /// (the register kernel by default), the register kernel with the byte permutes for Q4_K too.
-const TILED_KERNELS: [TiledKernel; 11] = [
+const TILED_KERNELS: [TiledKernel; 10] = [
     TiledKernel::Registers(None),
     TiledKernel::Runs,
-    TiledKernel::Runs3,
     TiledKernel::Direct(4),
     TiledKernel::Direct(8),
     TiledKernel::DirectH16,
@@ -204,35 +203,6 @@ fn the_tiled_kernels_decode_every_weight_to_candles_bits() -> Result<()> {
                     eprintln!("{case}: all {} weights bit for bit", t * out);
                 }
             }
-        }
-    }
-    Ok(())
-}
-
-/// Three copy stages ([`TiledKernel::Runs3`]) against two ([`TiledKernel::Runs`]) over 9 steps of
-/// 256 (the ring of three buffers wraps three times; the tests above have 2 steps): the same
-/// decode and the same order of MMAs, so the same output bit for bit, every type, bf16 and f16,
-/// 8-, 16- and 32-wide tiles (experts of 5, 10 and 25 rows).
-#[test]
-fn three_copy_stages_equal_two_bit_for_bit() -> Result<()> {
-    let Ok(dev) = Device::new_cuda(0) else {
-        eprintln!("no CUDA device: skipped");
-        return Ok(());
-    };
-    let (out, inp) = (128usize, 9 * 256);
-    let w = (Tensor::randn(0f32, 1.0, (3, out, inp), &Device::Cpu)? * 0.05)?;
-    let ids: Vec<u32> = (0..40u32)
-        .map(|i| [0, 1, 1, 2, 2, 2, 2, 2][(i % 8) as usize])
-        .collect();
-    let g = Grouping::new(&Tensor::from_vec(ids, (40, 1), &dev)?, 3)?;
-    for qt in TILED_TYPES {
-        let q = QTensor::quantize_onto(&w, qt, &dev)?;
-        for dtype in [DType::BF16, DType::F16] {
-            let x = Tensor::randn(0f32, 1.0, (40, inp), &dev)?.to_dtype(dtype)?;
-            let two = g.dequant_matmul_with(&q, &x, true, TiledKernel::Runs)?;
-            let three = g.dequant_matmul_with(&q, &x, true, TiledKernel::Runs3)?;
-            let (diff, n) = bits_differ(&three, &two)?;
-            assert_eq!(diff, 0, "{qt:?} {dtype:?}: {diff} of {n} outputs differ");
         }
     }
     Ok(())
