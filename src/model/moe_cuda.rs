@@ -61,10 +61,21 @@ pub(crate) fn grouped_type(t: GgmlDType) -> bool {
 /// Q4_0, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K blocks, `out` a multiple of 64 and `in` of 256.
 /// `GLMCHECK_DEQUANT_EXPERTS=batched` turns them off (decode-then-GEMM, to cross-check).
 pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
-    let shape_ok = matches!(w.shape().dims(), &[_, out, inp] if out.is_multiple_of(64) && inp.is_multiple_of(256));
-    let type_ok = tiled_type(w.dtype()).is_some();
+    let covered =
+        matches!(w.shape().dims(), &[_, out, inp] if tiles_cover(w.dtype(), dtype, out, inp));
     let off = std::env::var_os("GLMCHECK_DEQUANT_EXPERTS").is_some_and(|v| v == "batched");
-    matches!(dtype, DType::BF16 | DType::F16) && shape_ok && type_ok && !off
+    covered && !off
+}
+
+/// Whether the tiled kernels multiply `[out, in]` matrices of quant type `t` in `dtype`: bf16 or
+/// f16 compute, a type they decode, `out` a multiple of 64 and `in` of 256 (what the launcher's
+/// shape guard takes). An expert stack's matrices ([`tiled_dequant`]) or a dense weight
+/// ([`dense_tiled`]).
+fn tiles_cover(t: GgmlDType, dtype: DType, out: usize, inp: usize) -> bool {
+    matches!(dtype, DType::BF16 | DType::F16)
+        && tiled_type(t).is_some()
+        && out.is_multiple_of(64)
+        && inp.is_multiple_of(256)
 }
 
 /// The most tokens a dense matmul of dequant mode runs through the grouped kernel with by default
@@ -73,7 +84,8 @@ pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
 /// multiplied by cuBLAS. Past one tile every tile decodes and reads the weight again: on an H100
 /// at 256 tokens (8 tiles) the forward took 13.2 ms that way against 10.4 with the decoded copies,
 /// at 16 tokens 3.7 ms against 6.0 (both measured with build AA's packed-decode kernel, since
-/// removed; the exact kernel's route has not run on a GPU yet: `reports/gpu-moe.md` build AA).
+/// removed). With the exact kernel, on an H100: a 1-layer GLM-5's 16-token forward 3.6–3.7 ms with
+/// the decoded copies, 1.9–2.2 ms this way (`reports/gpu-moe.md` build AB).
 pub(crate) const DENSE_TILED_TOKENS: usize = 32;
 
 /// Whether a dense matmul of `t` tokens goes through the grouped kernel: up to
@@ -93,13 +105,13 @@ pub(crate) fn dense_on_tiles(t: usize) -> bool {
 /// taken (not bf16/f16 on CUDA, not `[T, in]`, a type or shape the kernel does not cover).
 /// → `[T, out]` in `x`'s dtype.
 pub(crate) fn dense_tiled(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
-    if !matches!(x.dtype(), DType::BF16 | DType::F16) || !x.device().is_cuda() || x.rank() != 2 {
+    if !x.device().is_cuda() || x.rank() != 2 {
         return Ok(None);
     }
-    let (&[out, inp], Some(_)) = (w.shape().dims(), tiled_type(w.dtype())) else {
+    let &[out, inp] = w.shape().dims() else {
         return Ok(None);
     };
-    if !out.is_multiple_of(64) || !inp.is_multiple_of(256) || x.dim(1)? != inp {
+    if !tiles_cover(w.dtype(), x.dtype(), out, inp) || x.dim(1)? != inp {
         return Ok(None);
     }
     let x = x.contiguous()?;
