@@ -208,6 +208,90 @@ fn the_tiled_kernels_decode_every_weight_to_candles_bits() -> Result<()> {
     Ok(())
 }
 
+/// The tile-major order ([`TileMajor`]): its bytes are the GGUF's blocks moved as the order says
+/// (`[row tile][step][row in tile][one step's bytes]`, checked byte for byte against a reordering
+/// written here), and the register kernel reading them gives the GGUF order's product bit for bit
+/// (the same decodes and sums, only the addresses differ) at every tile width, both input orders,
+/// bf16 and f16, 6, 20 and 70 rows an expert. The kernels that read only the GGUF's order refuse it.
+#[test]
+fn the_tile_major_order_gives_the_gguf_orders_bits() -> Result<()> {
+    let Ok(dev) = Device::new_cuda(0) else {
+        eprintln!("no CUDA device: skipped");
+        return Ok(());
+    };
+    let (e, out, inp) = (4usize, 128usize, 768usize); // two row tiles, three steps a row
+    let w = Tensor::randn(0f32, 1.0, (e, out, inp), &Device::Cpu)?;
+    for qt in [
+        GgmlDType::Q4K,
+        GgmlDType::Q5K,
+        GgmlDType::Q6K,
+        GgmlDType::Q8_0,
+    ] {
+        let q = QTensor::quantize_onto(&w, qt, &dev)?;
+        let gguf = q.data()?.to_vec();
+        let b = 256 / qt.block_size() * qt.type_size(); // one step of a row
+        let (steps, row_bytes) = (inp / 256, inp / 256 * b);
+        let mut want = Vec::with_capacity(gguf.len());
+        for tile in 0..e * out / 64 {
+            for s in 0..steps {
+                for r in 0..64 {
+                    let at = (64 * tile + r) * row_bytes + s * b;
+                    want.extend_from_slice(&gguf[at..at + b]);
+                }
+            }
+        }
+        for dtype in [DType::BF16, DType::F16] {
+            let tiles = TileMajor::from_stack(&q, dtype)?.expect("a register-kernel type");
+            assert_eq!(tiles.dims(), [e, out, inp]);
+            let got = tiles.host_bytes()?;
+            assert!(
+                got == want,
+                "{qt:?}: the tile-major bytes are not the reordered blocks"
+            );
+            assert!(got != gguf, "{qt:?}: the reordering moved nothing");
+            for t in [12usize, 40, 140] {
+                let g = round_robin(t, e, &dev)?;
+                for by_token in [true, false] {
+                    let n = if by_token { t } else { g.rows };
+                    let x = Tensor::randn(0f32, 1.0, (n, inp), &dev)?.to_dtype(dtype)?;
+                    for kernel in [
+                        TiledKernel::Runs,
+                        TiledKernel::RunsBytes,
+                        TiledKernel::Registers(None),
+                        TiledKernel::Registers(Some(8)),
+                        TiledKernel::Registers(Some(16)),
+                        TiledKernel::Registers(Some(32)),
+                    ] {
+                        let case = format!("{qt:?} {dtype:?} t={t} by_token={by_token} {kernel:?}");
+                        let a = g.dequant_matmul_with(&q, &x, by_token, kernel)?;
+                        let b = g.dequant_matmul_with(&tiles, &x, by_token, kernel)?;
+                        let (diff, n) = bits_differ(&b, &a)?;
+                        assert_eq!(diff, 0, "{case}: {diff} of {n} values differ");
+                        eprintln!("{case}: {n} values bit for bit");
+                    }
+                    for kernel in [
+                        TiledKernel::Shared,
+                        TiledKernel::Direct(4),
+                        TiledKernel::DirectH16,
+                    ] {
+                        let refused = g.dequant_matmul_with(&tiles, &x, by_token, kernel);
+                        assert!(
+                            refused.is_err(),
+                            "{qt:?} {kernel:?} read the tile-major order"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    let q40 = QTensor::quantize_onto(&w, GgmlDType::Q4_0, &dev)?;
+    assert!(
+        TileMajor::from_stack(&q40, DType::BF16)?.is_none(),
+        "Q4_0: the register kernel does not read it"
+    );
+    Ok(())
+}
+
 /// The dense route through the grouped kernel ([`dense_tiled`]: a `[out, in]` weight as a
 /// one-expert stack) against candle's decode-then-matmul, 40 tokens (two 32-wide tiles, the
 /// second partial), bf16 and f16: within the output's rounding of the decoded weights rounded to
