@@ -726,8 +726,7 @@ int launch_mma(const void * w, long long expert_bytes, long long row_bytes, int 
     return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
 
-// The register-decode kernel at tile width tn (8, 16, 32 or 64 tokens; 0: by the busiest expert's
-// rows, at most 32).
+// The register-decode kernel at tile width tn (8, 16 or 32 tokens; 0: by the busiest expert's rows).
 template <int T, bool ALIGNED, typename C, bool H16 = false>
 int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_bytes, int tiles, const void * x,
                   const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in,
@@ -741,7 +740,6 @@ int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_
         case 8: return GLMCHECK_DQMMA(1);
         case 16: return GLMCHECK_DQMMA(2);
         case 32: return GLMCHECK_DQMMA(4);
-        case 64: return GLMCHECK_DQMMA(8); // a dense weight's many tokens (moe_cuda::dense_tiled)
         default: return 2;
     }
 #undef GLMCHECK_DQMMA
@@ -1137,7 +1135,7 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 
 // Returns 0 when launched; 1: no kernel for the quant type or dtype (dtype 1 f16, 2 bf16); 2: a
 // shape the tiling does not cover (n_out % 64, k_in % 256, an empty or too large grid, a tile width
-// not 0, 8, 16, 32 or 64 (64: the register kernel only)) or a kernel code outside 0..5; 3: CUDA refused the launch. x: [*, k_in]
+// not 0, 8, 16 or 32) or a kernel code outside 0..5; 3: CUDA refused the launch. x: [*, k_in]
 // contiguous rows of the compute dtype (16-byte aligned rows); src: the x row of each grouped row
 // (null: grouped row j is x's row j);
 // tiles: 0 the GGUF's order (w: [E, n_out] rows of row_bytes), 1 the tile-major order of

@@ -262,22 +262,7 @@ pub(crate) fn dense_tiled(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
         return Ok(None);
     }
     let x = x.contiguous()?;
-    let kernel = dense_kernel(x.dim(0)?);
-    super::q8_cuda::with_identity(&x, |g| g.dequant_matmul_with(w, &x, true, kernel)).map(Some)
-}
-
-/// The dense route's kernel for `t` tokens: up to [`DENSE_TILED_TOKENS`] the experts' (one tile),
-/// past that the register kernel 64 tokens a tile, so that each weight is decoded once per 64
-/// tokens (`GLMCHECK_DENSE_TILE=32`: 32, to compare). Only `GLMCHECK_DENSE=tiled` takes the route
-/// past 32 tokens.
-fn dense_kernel(t: usize) -> TiledKernel {
-    if t <= DENSE_TILED_TOKENS {
-        return TiledKernel::from_env();
-    }
-    match std::env::var_os("GLMCHECK_DENSE_TILE") {
-        Some(v) if v == "32" => TiledKernel::Registers(Some(32)),
-        _ => TiledKernel::Registers(Some(64)),
-    }
+    super::q8_cuda::with_identity(&x, |g| g.dequant_matmul(w, &x, true)).map(Some)
 }
 
 /// Which of `cuda/dequant_gemm.cu`'s two tiled kernels multiplies: the register-decode kernel
@@ -314,7 +299,7 @@ impl TiledKernel {
     /// `GLMCHECK_DEQUANT_EXPERTS=one` (the register kernel in one launch at the cost model's
     /// tile), `GLMCHECK_DEQUANT_EXPERTS=direct|direct8|directh` (the tile runs on the direct-load
     /// kernel with 4 or 8 warps a block, or 4 with the f16 decode), `=runsb` (the tile runs with
-    /// Q4_K's byte permutes instead of the f16 decode) and `GLMCHECK_DEQUANT_TILE=8|16|32|64` (one
+    /// Q4_K's byte permutes instead of the f16 decode) and `GLMCHECK_DEQUANT_TILE=8|16|32` (one
     /// launch at that tile width), kept to measure one against the other.
     pub fn from_env() -> TiledKernel {
         match std::env::var_os("GLMCHECK_DEQUANT_EXPERTS") {
@@ -329,7 +314,7 @@ impl TiledKernel {
         std::env::var("GLMCHECK_DEQUANT_TILE")
             .ok()
             .and_then(|v| v.parse::<u8>().ok())
-            .filter(|t| matches!(t, 8 | 16 | 32 | 64))
+            .filter(|t| matches!(t, 8 | 16 | 32))
             .map_or(TiledKernel::Runs, |t| TiledKernel::Registers(Some(t)))
     }
 
