@@ -24,7 +24,6 @@
 #include <cuda_pipeline.h>
 #include <mma.h>
 #include <stdint.h>
-#include <algorithm>
 #include <type_traits>
 
 #include "gguf_blocks.cuh"
@@ -596,7 +595,7 @@ __device__ __forceinline__ void dq_step_live(int live, const uint8_t * const (&b
 // reports/gpu-moe.md build AB; recoverable at e9aa729).
 template <int T, int NT, bool ALIGNED, typename C, bool H16 = false>
 __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
-        const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes, int tiles,
+        const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes,
         const C * __restrict__ x, const int32_t * __restrict__ src,
         const int32_t * __restrict__ bounds, const int32_t * __restrict__ experts, const int32_t * __restrict__ zlist,
         C * __restrict__ y, int n_out, int k_in) {
@@ -625,15 +624,11 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
     // Weight chunks tid % 16 (+ 16) of rows tid / 16 + 8j, each from the 16-byte boundary below the
     // step's first byte; a token's 256 values in 32 chunks. Tokens past the expert's rows are not
     // copied (their columns' products are never written).
-    // Row r's blocks of step s at wexp + r·rstride + s·sstride: in the GGUF's order rows of
-    // row_bytes, a row's steps B apart; in the tile-major order (`tiles`, glmcheck_to_tiles) a
-    // step's 64 rows are one run of 64·B bytes. The tile's first byte is the same in both.
-    const long long rstride = tiles ? (long long) B : row_bytes, sstride = tiles ? (long long) BM * B : (long long) B;
-    const uint8_t * wrow = wexp + (long long) (tid / 16) * rstride;
-    const long long wstride = (THREADS / 16) * rstride;
+    const uint8_t * wrow = wexp + (long long) (tid / 16) * row_bytes;
+    const long long wstride = (THREADS / 16) * row_bytes;
     const int steps = k_in / KS;
     auto stage = [&](int buf, int step) {
-        const uint8_t * srcp = wrow + (long long) step * sstride;
+        const uint8_t * srcp = wrow + (long long) step * B;
         uint8_t * dst = raw + (buf * BM + tid / 16) * P;
 #pragma unroll
         for (int j = 0; j < BM / (THREADS / 16); ++j, srcp += wstride) {
@@ -668,7 +663,7 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
     for (int step = 0; step < steps; ++step) {
         const int buf = step & 1;
         auto blk = [&](int r) {
-            const int mis = ALIGNED ? 0 : (int) ((uintptr_t) (wexp + r * rstride + (long long) step * sstride) & 15);
+            const int mis = ALIGNED ? 0 : (int) ((uintptr_t) (wexp + r * row_bytes + (long long) step * B) & 15);
             return raw + (buf * BM + r) * P + mis;
         };
         __pipeline_wait_prior(0);
@@ -710,7 +705,7 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
 }
 
 template <int T, int NT, bool ALIGNED, typename C, bool H16 = false>
-int launch_mma(const void * w, long long expert_bytes, long long row_bytes, int tiles, const void * x, const int32_t * src,
+int launch_mma(const void * w, long long expert_bytes, long long row_bytes, const void * x, const int32_t * src,
                const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in, int n_active,
                int max_rows, cudaStream_t stream) {
     const size_t shared = 2 * (BM * raw_pitch(T) + 8 * NT * XPB);
@@ -721,20 +716,20 @@ int launch_mma(const void * w, long long expert_bytes, long long row_bytes, int 
         return 3;
     }
     const dim3 grid((max_rows + 8 * NT - 1) / (8 * NT), n_out / BM, n_active);
-    kernel<<<grid, THREADS, shared, stream>>>((const uint8_t *) w, expert_bytes, row_bytes, tiles, (const C *) x, src,
-                                              bounds, experts, zlist, (C *) y, n_out, k_in);
+    kernel<<<grid, THREADS, shared, stream>>>((const uint8_t *) w, expert_bytes, row_bytes, (const C *) x, src, bounds,
+                                              experts, zlist, (C *) y, n_out, k_in);
     return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
 
 // The register-decode kernel at tile width tn (8, 16 or 32 tokens; 0: by the busiest expert's rows).
 template <int T, bool ALIGNED, typename C, bool H16 = false>
-int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_bytes, int tiles, const void * x,
+int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_bytes, const void * x,
                   const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in,
                   int n_active, int max_rows, cudaStream_t stream) {
     if (tn == 0) {
         tn = max_rows <= 8 ? 8 : max_rows <= 16 ? 16 : 32;
     }
-#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C, H16>(w, expert_bytes, row_bytes, tiles, x, src, bounds, experts, zlist, y, \
+#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C, H16>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
                                                        n_out, k_in, n_active, max_rows, stream)
     switch (tn) {
         case 8: return GLMCHECK_DQMMA(1);
@@ -1049,10 +1044,10 @@ int launch_tn(const void * w, long long expert_bytes, long long row_bytes, const
 // permutes otherwise; Q5_K, Q6_K, Q8_0), at tile width tn: launch_mma_tn's code, or -1 for a type
 // it does not cover (the shared-memory kernel's).
 template <typename C>
-int launch_registers(int ggml_type, bool h16, bool aligned, int tn, const void * w, long long expert_bytes, long long row_bytes, int tiles,
+int launch_registers(int ggml_type, bool h16, bool aligned, int tn, const void * w, long long expert_bytes, long long row_bytes,
                      const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist,
                      void * y, int n_out, int k_in, int n_active, int max_rows, cudaStream_t stream) {
-#define GLMCHECK_MMA(Q, A, H) launch_mma_tn<Q, A, C, H>(tn, w, expert_bytes, row_bytes, tiles, x, src, bounds, experts, zlist, y, \
+#define GLMCHECK_MMA(Q, A, H) launch_mma_tn<Q, A, C, H>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
                                                         n_out, k_in, n_active, max_rows, stream)
     switch (ggml_type) {
         case Q4_K:
@@ -1069,23 +1064,11 @@ int launch_registers(int ggml_type, bool h16, bool aligned, int tn, const void *
 }
 
 template <typename C>
-int launch_type(int ggml_type, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes, int tiles,
+int launch_type(int ggml_type, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes,
                 const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y,
                 int n_out, int k_in, int n_active, int max_rows, cudaStream_t stream) {
     // Rows on 16-byte boundaries (Q4_K's and Q5_K's blocks are 144 and 176 bytes): plain word loads.
-    // Tile-major rows are B apart.
-    const bool aligned = (uintptr_t) w % 16 == 0 && expert_bytes % 16 == 0 && row_bytes % 16 == 0
-                         && (!tiles || bytes_256(ggml_type) % 16 == 0);
-    // Only the register kernel reads the tile-major order: any other route would read the blocks
-    // as the GGUF's rows and give a wrong product without an error, so the stack is refused.
-    if (tiles) {
-        if (kernel != 0 && kernel != 5) {
-            return 2;
-        }
-        const int r = launch_registers<C>(ggml_type, kernel != 5, aligned, tn, w, expert_bytes, row_bytes, 1, x, src,
-                                          bounds, experts, zlist, y, n_out, k_in, n_active, max_rows, stream);
-        return r >= 0 ? r : 2;
-    }
+    const bool aligned = (uintptr_t) w % 16 == 0 && expert_bytes % 16 == 0 && row_bytes % 16 == 0;
     // kernel 2 / 3: the direct-load kernel with 4 / 8 warps where it covers the stack (Q4_K, aligned
     // rows, whole blocks of rows), else the register-decode kernel.
     // kernel 4: the direct-load kernel (4 warps) with the f16 decode.
@@ -1108,7 +1091,7 @@ int launch_type(int ggml_type, int kernel, int tn, const void * w, long long exp
     // pipe. For Q6_K (a 6-bit q assembled from two places) it compiled to more integer work than
     // the permutes. Kernel 5: the byte permutes for Q4_K too (the earlier default, kept to compare).
     if (kernel != 1) {
-        const int r = launch_registers<C>(ggml_type, kernel != 5, aligned, tn, w, expert_bytes, row_bytes, 0, x, src, bounds,
+        const int r = launch_registers<C>(ggml_type, kernel != 5, aligned, tn, w, expert_bytes, row_bytes, x, src, bounds,
                                           experts, zlist, y, n_out, k_in, n_active, max_rows, stream);
         if (r >= 0) {
             return r;
@@ -1138,9 +1121,6 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 // not 0, 8, 16 or 32) or a kernel code outside 0..5; 3: CUDA refused the launch. x: [*, k_in]
 // contiguous rows of the compute dtype (16-byte aligned rows); src: the x row of each grouped row
 // (null: grouped row j is x's row j);
-// tiles: 0 the GGUF's order (w: [E, n_out] rows of row_bytes), 1 the tile-major order of
-// glmcheck_to_tiles, which only the register kernel reads (kernels 0 and 5, types Q4_K, Q5_K, Q6_K,
-// Q8_0; any other kernel or type: 2);
 // zlist: the active experts (indices into bounds/experts) this launch covers, n_active of them
 // (null: all, in order: one launch per tile width, the busy experts in a wider one);
 // y: [rows, n_out]. kernel 0: the register-decode kernel where it covers the type (Q4_K, Q5_K,
@@ -1150,81 +1130,21 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 // kernel 2 with the f16 decode of Q4_K. The register kernel decodes Q4_K with the f16 decode
 // (H16) except for kernel 5, which keeps the byte permutes of the one-FMA decode for every type.
 extern "C" int glmcheck_dequant_matmul(
-        int ggml_type, int dtype, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes, int tiles,
+        int ggml_type, int dtype, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes,
         const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y,
         int n_out, int k_in, int n_active, int max_rows, void * stream) {
     if (n_out % BM != 0 || k_in % KS != 0 || n_active <= 0 || n_active > 65535 || max_rows <= 0
-        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || kernel < 0 || kernel > 5 || tiles < 0 || tiles > 1
-        || (tiles && row_bytes != (long long) (k_in / KS) * bytes_256(ggml_type))) {
+        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || kernel < 0 || kernel > 5) {
         return 2;
     }
     const cudaStream_t s = (cudaStream_t) stream;
     switch (dtype) {
-        case 1: return launch_type<half>(ggml_type, kernel, tn, w, expert_bytes, row_bytes, tiles, x, src, bounds, experts,
-                                         zlist, y, n_out, k_in, n_active, max_rows, s);
-        case 2: return launch_type<__nv_bfloat16>(ggml_type, kernel, tn, w, expert_bytes, row_bytes, tiles, x, src, bounds,
+        case 1: return launch_type<half>(ggml_type, kernel, tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y,
+                                         n_out, k_in, n_active, max_rows, s);
+        case 2: return launch_type<__nv_bfloat16>(ggml_type, kernel, tn, w, expert_bytes, row_bytes, x, src, bounds,
                                                   experts, zlist, y, n_out, k_in, n_active, max_rows, s);
         default: return 1;
     }
-}
-
-// ---- The tile-major order of an expert stack ----------------------------------------------------
-// The register kernel reads, each step, 64 pieces of B bytes (a 256-value group of each of a tile's
-// 64 rows) that lie row_bytes apart in the GGUF's order. glmcheck_to_tiles writes the same blocks
-// with each tile's pieces step-major: [row tile][step][row in tile][B bytes], so that a step's
-// pieces are one run of 64·B bytes. A tile starts at the same byte in both orders (its 64 rows
-// hold 64·row_bytes bytes either way), so expert e still starts at e·expert_bytes.
-
-namespace {
-
-// One warp a piece: piece p = (tile·steps + s)·64 + r of the tile-major order gets the B bytes of
-// row 64·tile + r at step s, moved U bytes at a time (U divides B and row_bytes).
-template <typename U>
-__global__ void glmcheck_to_tiles_k(const uint8_t * __restrict__ src, uint8_t * __restrict__ dst, long long pieces,
-                                    long long steps, long long row_bytes, int b) {
-    const int lane = threadIdx.x % 32, n = b / (int) sizeof(U);
-    const long long warps = (long long) gridDim.x * blockDim.x / 32;
-    for (long long p = ((long long) blockIdx.x * blockDim.x + threadIdx.x) / 32; p < pieces; p += warps) {
-        const long long r = p % BM, s = (p / BM) % steps, tile = p / (BM * steps);
-        const U * from = (const U *) (src + (tile * BM + r) * row_bytes + s * b);
-        U * to = (U *) (dst + p * b);
-        for (int i = lane; i < n; i += 32) {
-            to[i] = from[i];
-        }
-    }
-}
-
-} // namespace
-
-// rows (a multiple of 64: every expert's rows, experts one after the other) of row_bytes bytes of
-// `ggml_type` blocks at src, written to dst (as many bytes, not overlapping src) in the tile-major
-// order. Returns 0 when launched; 1: a type the register kernel does not read; 2: a shape it does
-// not take (rows % 64, row_bytes not whole 256-value groups, addresses off the unit of the copy);
-// 3: CUDA refused the launch.
-extern "C" int glmcheck_to_tiles(int ggml_type, const void * src, void * dst, long long rows, long long row_bytes,
-                                 void * stream) {
-    if (ggml_type != Q4_K && ggml_type != Q5_K && ggml_type != Q6_K && ggml_type != Q8_0) {
-        return 1;
-    }
-    const int b = bytes_256(ggml_type);
-    if (rows <= 0 || rows % BM != 0 || row_bytes <= 0 || row_bytes % b != 0) {
-        return 2;
-    }
-    const long long steps = row_bytes / b, pieces = rows * steps;
-    const cudaStream_t s = (cudaStream_t) stream;
-    const long long blocks = std::min((pieces + 7) / 8, 65536LL); // 8 warps a block, a grid-stride loop past that
-    const uintptr_t both = (uintptr_t) src | (uintptr_t) dst;
-    if (b % 4 == 0 && row_bytes % 4 == 0 && both % 4 == 0) {
-        glmcheck_to_tiles_k<uint32_t><<<(unsigned) blocks, 256, 0, s>>>((const uint8_t *) src, (uint8_t *) dst, pieces,
-                                                                        steps, row_bytes, b);
-    } else if (b % 2 == 0 && row_bytes % 2 == 0 && both % 2 == 0) {
-        glmcheck_to_tiles_k<uint16_t><<<(unsigned) blocks, 256, 0, s>>>((const uint8_t *) src, (uint8_t *) dst, pieces,
-                                                                        steps, row_bytes, b);
-    } else {
-        glmcheck_to_tiles_k<uint8_t><<<(unsigned) blocks, 256, 0, s>>>((const uint8_t *) src, (uint8_t *) dst, pieces,
-                                                                       steps, row_bytes, b);
-    }
-    return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
 
 // ---- Whole tensors decoded into device memory with the same decoders ------------------------------

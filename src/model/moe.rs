@@ -144,10 +144,6 @@ pub enum ExpertStack {
         dtype: DType,
         mode: MatmulMode,
     },
-    /// Dequant mode's stack in the tile-major order that only the register kernel reads
-    /// (`GLMCHECK_EXPERT_LAYOUT=tiles`; [`super::moe_cuda::TileMajor`]).
-    #[cfg(feature = "cuda")]
-    Tiles(Arc<super::moe_cuda::TileMajor>),
 }
 
 impl ExpertStack {
@@ -158,8 +154,6 @@ impl ExpertStack {
             ExpertStack::Stacked { q, .. } => q.shape().dims().first().copied().ok_or_else(|| {
                 candle_core::Error::Msg("an expert stack with no expert dimension".into())
             }),
-            #[cfg(feature = "cuda")]
-            ExpertStack::Tiles(t) => Ok(t.dims()[0]),
         }
     }
 
@@ -176,12 +170,6 @@ impl ExpertStack {
             // expert would hold it in f32 (a GLM-5 stack: 12.9 GB).
             ExpertStack::Stacked { .. } => {
                 candle_core::bail!("expert {e} of a stacked tensor: only the fused kernel reads it")
-            }
-            #[cfg(feature = "cuda")]
-            ExpertStack::Tiles(_) => {
-                candle_core::bail!(
-                    "expert {e} of a tile-major stack: only the register kernel reads it"
-                )
             }
         }
     }
@@ -239,13 +227,6 @@ impl Experts {
                 }
             }
         }
-        #[cfg(feature = "cuda")]
-        if std::env::var_os("GLMCHECK_EXPERT_LAYOUT").is_some_and(|v| v == "tiles") {
-            stacks = tile_major(stacks).map_err(|source| ModelError::Candle {
-                module: path.clone(),
-                source,
-            })?;
-        }
         let [gate, up, down]: [ExpertStack; 3] = stacks
             .try_into()
             .map_err(|_| ModelError::NameTable("three expert stacks".into()))?;
@@ -267,13 +248,6 @@ impl Experts {
     /// `topk(sorted=False)` order, which depends on torch's top-k internals; compare per token.
     pub fn forward(&self, x: &Tensor, r: &Routing, capture: &mut dyn Capture) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
-        if let (ExpertStack::Tiles(g), ExpertStack::Tiles(u), ExpertStack::Tiles(d)) =
-            (&self.gate, &self.up, &self.down)
-        {
-            use super::moe_cuda::StackRef::Tiles;
-            return self.tiled([Tiles(g), Tiles(u), Tiles(d)], x, r, capture);
-        }
-        #[cfg(feature = "cuda")]
         if let (
             ExpertStack::Stacked { q: g, mode, .. },
             ExpertStack::Stacked { q: u, .. },
@@ -287,8 +261,7 @@ impl Experts {
                         .iter()
                         .all(|q| super::moe_cuda::tiled_dequant(q, x.dtype()))
                     {
-                        use super::moe_cuda::StackRef::Gguf;
-                        self.tiled([Gguf(g), Gguf(u), Gguf(d)], x, r, capture)
+                        self.tiled([g, u, d], x, r, capture)
                     } else {
                         self.batched([g, u, d], x, r, capture)
                     }
@@ -410,7 +383,7 @@ impl Experts {
     /// reach device memory, and no row is padded.
     fn tiled(
         &self,
-        [g, u, d]: [super::moe_cuda::StackRef<'_>; 3],
+        [g, u, d]: [&Arc<QTensor>; 3],
         x: &Tensor,
         r: &Routing,
         capture: &mut dyn Capture,
@@ -427,37 +400,6 @@ impl Experts {
         }
         grouped_sum(t, &grouping, &y, &r.weights)
     }
-}
-
-/// A layer's three dequant-mode stacks reordered tile-major ([`super::moe_cuda::TileMajor`]) when
-/// the register kernel multiplies all three (its types, bf16/f16, the tiled kernels' shapes, the
-/// kernel not switched to another by `GLMCHECK_DEQUANT_EXPERTS`); otherwise unchanged. Each
-/// stack's GGUF-order copy is dropped once reordered.
-#[cfg(feature = "cuda")]
-fn tile_major(stacks: Vec<ExpertStack>) -> Result<Vec<ExpertStack>> {
-    use super::moe_cuda::{TileMajor, TiledKernel};
-    let register = matches!(
-        TiledKernel::from_env(),
-        TiledKernel::Runs | TiledKernel::Registers(_) | TiledKernel::RunsBytes
-    );
-    let covered = |s: &ExpertStack| {
-        matches!(s, ExpertStack::Stacked { q, dtype, mode: MatmulMode::Dequant }
-            if super::moe_cuda::tiled_dequant(q, *dtype) && TileMajor::covers(q, *dtype))
-    };
-    if !register || !stacks.iter().all(covered) {
-        return Ok(stacks);
-    }
-    // One stack at a time: its GGUF-order copy is dropped before the next is reordered.
-    stacks
-        .into_iter()
-        .map(|s| match s {
-            ExpertStack::Stacked { q, dtype, .. } => match TileMajor::from_stack(&q, dtype)? {
-                Some(t) => Ok(ExpertStack::Tiles(Arc::new(t))),
-                None => candle_core::bail!("a tile-major stack of {:?} was not made", q.dtype()),
-            },
-            other => Ok(other),
-        })
-        .collect()
 }
 
 /// The decoded expert weights one batch of dequant mode's batched GEMMs holds at once, per

@@ -5,7 +5,7 @@
 //! [`super::q8_cuda`].
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{result, sys, DevicePtr, SyncOnDrop};
+use candle_core::cuda_backend::cudarc::driver::{result, sys, DevicePtr};
 use candle_core::quantized::{GgmlDType, QTensor};
 use std::ops::Range;
 
@@ -36,7 +36,6 @@ extern "C" {
         w: *const std::ffi::c_void,
         expert_bytes: i64,
         row_bytes: i64,
-        tiles: i32,
         x: *const std::ffi::c_void,
         src: *const i32,
         bounds: *const i32,
@@ -49,152 +48,6 @@ extern "C" {
         max_rows: i32,
         stream: *mut std::ffi::c_void,
     ) -> i32;
-    fn glmcheck_to_tiles(
-        ggml_type: i32,
-        src: *const std::ffi::c_void,
-        dst: *mut std::ffi::c_void,
-        rows: i64,
-        row_bytes: i64,
-        stream: *mut std::ffi::c_void,
-    ) -> i32;
-}
-
-/// An `[E, out, in]` expert stack's blocks on a CUDA device in the tile-major order
-/// (`glmcheck_to_tiles` in `cuda/dequant_gemm.cu`: each 64-row tile's blocks step by step, a step's
-/// 64 pieces one contiguous run instead of 64 pieces a row apart), which only dequant mode's
-/// register kernel reads. The bytes are not a [`QTensor`]: nothing that reads the GGUF's order
-/// (candle's decoders, q8 mode's kernels, the batched decode) can be handed them, and the launcher
-/// refuses this order on any other kernel. `GLMCHECK_EXPERT_LAYOUT=tiles` holds the routed experts
-/// this way, to measure against the GGUF's order.
-pub struct TileMajor {
-    bytes: candle_core::cuda_backend::cudarc::driver::CudaSlice<u8>,
-    stream: std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
-    dtype: GgmlDType,
-    dims: [usize; 3],
-}
-
-impl std::fmt::Debug for TileMajor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TileMajor({:?} {:?})", self.dtype, self.dims)
-    }
-}
-
-/// The register kernel's types (`launch_registers`): the only ones held tile-major.
-fn register_type(t: GgmlDType) -> bool {
-    matches!(
-        t,
-        GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K | GgmlDType::Q8_0
-    )
-}
-
-impl TileMajor {
-    /// `q`'s blocks in the tile-major order, when the register kernel multiplies the stack in
-    /// `dtype` (a CUDA stack of Q4_K, Q5_K, Q6_K or Q8_0, bf16 or f16 compute, `out` a multiple
-    /// of 64 and `in` of 256); `None` otherwise. Allocates a second copy of the stack's bytes.
-    pub fn from_stack(q: &QTensor, dtype: DType) -> Result<Option<TileMajor>> {
-        const WHAT: &str = "tile-major expert stack";
-        let candle_core::Device::Cuda(dev) = q.device() else {
-            return Ok(None);
-        };
-        if !TileMajor::covers(q, dtype) {
-            return Ok(None);
-        }
-        let ([n_experts, out, inp], (ggml_type, _), row_bytes) = stack(q, WHAT)?;
-        let rows = n_experts * out;
-        let (Ok(rows_i), Ok(row_bytes_i)) = (i64::try_from(rows), i64::try_from(row_bytes)) else {
-            return Err(too_big("the stack"));
-        };
-        let stream = dev.cuda_stream();
-        let bytes = unsafe { dev.alloc::<u8>(rows * row_bytes)? };
-        let src = q.device_ptr()? as *const std::ffi::c_void;
-        let (dst, guard) = bytes.device_ptr(&stream);
-        let rc = unsafe {
-            glmcheck_to_tiles(
-                ggml_type,
-                src,
-                dst as *mut std::ffi::c_void,
-                rows_i,
-                row_bytes_i,
-                stream.cu_stream() as *mut std::ffi::c_void,
-            )
-        };
-        drop(guard);
-        if rc != 0 {
-            candle_core::bail!("{WHAT}: the reordering launch was refused (code {rc})")
-        }
-        Ok(Some(TileMajor {
-            bytes,
-            stream,
-            dtype: q.dtype(),
-            dims: [n_experts, out, inp],
-        }))
-    }
-
-    /// Whether [`TileMajor::from_stack`] takes `q` for `dtype` (the device aside).
-    pub fn covers(q: &QTensor, dtype: DType) -> bool {
-        matches!(q.shape().dims(), &[_, out, inp]
-            if register_type(q.dtype()) && tiles_cover(q.dtype(), dtype, out, inp))
-    }
-
-    /// `[E, out, in]`
-    pub fn dims(&self) -> [usize; 3] {
-        self.dims
-    }
-
-    /// The reordered bytes, copied to the host (for the tests).
-    #[cfg(test)]
-    fn host_bytes(&self) -> Result<Vec<u8>> {
-        self.stream
-            .clone_dtoh(&self.bytes)
-            .map_err(|e| candle_core::Error::Cuda(Box::new(e)))
-    }
-}
-
-/// The weight a [`Grouping::dequant_matmul`] multiplies by: an `[E, out, in]` (or `[out, in]`)
-/// quantized tensor in the GGUF's order, or a stack in the tile-major order.
-#[derive(Clone, Copy, Debug)]
-pub enum StackRef<'a> {
-    Gguf(&'a QTensor),
-    Tiles(&'a TileMajor),
-}
-
-impl<'a> From<&'a QTensor> for StackRef<'a> {
-    fn from(q: &'a QTensor) -> Self {
-        StackRef::Gguf(q)
-    }
-}
-
-impl<'a> From<&'a TileMajor> for StackRef<'a> {
-    fn from(t: &'a TileMajor) -> Self {
-        StackRef::Tiles(t)
-    }
-}
-
-impl StackRef<'_> {
-    /// [`stack`]'s dims, (ggml type id, block size) and row bytes, and the launcher's order code.
-    fn layout(&self, what: &str) -> Result<(StackDims, i32)> {
-        match self {
-            StackRef::Gguf(q) => stack(q, what).map(|d| (d, 0)),
-            StackRef::Tiles(t) => {
-                let Some(ty) = kernel_type(t.dtype) else {
-                    candle_core::bail!("{what}: no kernel for {:?}", t.dtype)
-                };
-                let row_bytes = t.dims[2] / t.dtype.block_size() * t.dtype.type_size();
-                Ok(((t.dims, ty, row_bytes), 1))
-            }
-        }
-    }
-
-    /// The blocks' device address, and what must live while it is used.
-    fn device_ptr(&self) -> Result<(*const std::ffi::c_void, Option<SyncOnDrop<'_>>)> {
-        match self {
-            StackRef::Gguf(q) => Ok((q.device_ptr()? as *const std::ffi::c_void, None)),
-            StackRef::Tiles(t) => {
-                let (p, guard) = t.bytes.device_ptr(&t.stream);
-                Ok((p as *const std::ffi::c_void, Some(guard)))
-            }
-        }
-    }
 }
 
 /// Whether an expert stack of this type can be multiplied by the grouped kernel (and decoded by
@@ -336,26 +189,20 @@ impl Grouping {
     /// Dequant mode's tiled kernel: `w` `[E, out, in]` (quantized) applied to rows of `x` (bf16 or
     /// f16 `[_, in]`): grouped row j is expert `experts(j)` times `x[tokens[j]]` (`by_token`) or
     /// `x[j]`. → `[rows, out]` in `x`'s dtype, rows in grouped order (see [`tiled_dequant`]).
-    pub fn dequant_matmul<'a>(
-        &self,
-        w: impl Into<StackRef<'a>>,
-        x: &Tensor,
-        by_token: bool,
-    ) -> Result<Tensor> {
+    pub fn dequant_matmul(&self, w: &QTensor, x: &Tensor, by_token: bool) -> Result<Tensor> {
         self.dequant_matmul_with(w, x, by_token, TiledKernel::from_env())
     }
 
-    /// [`Grouping::dequant_matmul`] on the given kernel (a tile-major stack: the register kernel
-    /// only, any other is refused).
-    pub fn dequant_matmul_with<'a>(
+    /// [`Grouping::dequant_matmul`] on the given kernel.
+    pub fn dequant_matmul_with(
         &self,
-        w: impl Into<StackRef<'a>>,
+        w: &QTensor,
         x: &Tensor,
         by_token: bool,
         kernel: TiledKernel,
     ) -> Result<Tensor> {
         let op = DequantMatmul {
-            w: w.into(),
+            w,
             g: self,
             by_token,
             kernel,
@@ -384,7 +231,7 @@ struct DequantExperts<'a> {
 }
 
 struct DequantMatmul<'a> {
-    w: StackRef<'a>,
+    w: &'a QTensor,
     g: &'a Grouping,
     by_token: bool,
     kernel: TiledKernel,
@@ -401,13 +248,10 @@ pub(super) fn too_big(what: &str) -> candle_core::Error {
     ))
 }
 
-/// An expert stack's `[E, out, in]`, (ggml type id, block size) and bytes of one row.
-pub(super) type StackDims = ([usize; 3], (i32, usize), usize);
-
 /// An `[E, out, in]` expert stack the kernels can read: its dims, (ggml type id, block size) and
 /// the bytes of one row, checked against the bytes the stack holds (the kernels address expert
 /// `e` at `e·out·row_bytes`). `what` names the operation in the errors.
-pub(super) fn stack(w: &QTensor, what: &str) -> Result<StackDims> {
+pub(super) fn stack(w: &QTensor, what: &str) -> Result<([usize; 3], (i32, usize), usize)> {
     let (n_experts, out, inp) = match *w.shape().dims() {
         [e, out, inp] => (e, out, inp),
         [out, inp] => (1, out, inp), // a dense weight: one expert
@@ -515,7 +359,7 @@ impl CustomOp2 for DequantMatmul<'_> {
         tl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         const WHAT: &str = "tiled dequant matmul";
-        let (([n_experts, out, inp], (ggml_type, _), row_bytes), tiles) = self.w.layout(WHAT)?;
+        let ([n_experts, out, inp], (ggml_type, _), row_bytes) = stack(self.w, WHAT)?;
         let (&[x_rows, x_in], Some((x0, _)), Some((t0, _))) = (
             xl.shape().dims(),
             xl.contiguous_offsets(),
@@ -542,6 +386,7 @@ impl CustomOp2 for DequantMatmul<'_> {
             std::ptr::null()
         };
         let (bounds, experts) = (seg.bounds, seg.experts);
+        let w_ptr = self.w.device_ptr()? as *const std::ffi::c_void;
         if rows == 0 || active == 0 {
             candle_core::bail!("{WHAT}: no routed rows")
         }
@@ -551,7 +396,6 @@ impl CustomOp2 for DequantMatmul<'_> {
         let (kernel, tn) = self.kernel.codes();
         let launches = self.launches(g, seg.by_size, tn)?;
         // The kernel copies 16-byte pieces of each activation row.
-        let (w_ptr, _gw) = self.w.device_ptr()?;
         let launch = |code: i32, x: u64, y: *mut std::ffi::c_void| {
             if !x.is_multiple_of(16) {
                 return -1;
@@ -566,7 +410,6 @@ impl CustomOp2 for DequantMatmul<'_> {
                         w_ptr,
                         (out * row_bytes) as i64,
                         row_bytes as i64,
-                        tiles,
                         x as *const std::ffi::c_void,
                         src,
                         bounds,
@@ -600,13 +443,12 @@ impl CustomOp2 for DequantMatmul<'_> {
             d => candle_core::bail!("{WHAT}: no kernel for {d:?} activations"),
         };
         drop(_gt);
-        drop(_gw);
         if rc != 0 {
             // -1 is this function's own (the closure above); 1..3 are glmcheck_dequant_matmul's
             let why = match rc {
                 -1 => "activations not on a 16-byte boundary",
                 1 => "no kernel for this quant type or dtype",
-                2 => "a shape the tiling does not cover, an unknown kernel code, or a tile-major stack on a kernel that does not read that order",
+                2 => "a shape the tiling does not cover, or an unknown kernel code",
                 3 => "CUDA refused the launch",
                 _ => "an unknown code",
             };
