@@ -30,7 +30,11 @@ impl From<DsaArg> for DsaMode {
 /// `forward --matmul`: how weights kept as quantized blocks are multiplied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum MatmulArg {
+    /// Decode the blocks into the compute dtype for each product: the GGUF's own values, for
+    /// diagnosis (on CUDA inside the GEMM where the tiled kernels cover the weight)
     Dequant,
+    /// What a GGUF deployment computes: activations quantized to 8 bits per block, llama.cpp's
+    /// kernels (candle's MMVQ/MMQ, glmcheck's grouped MoE kernel); judged at looser bounds
     Q8,
 }
 
