@@ -983,3 +983,80 @@ fn a_reference_with_a_missing_or_misshaped_module_is_reported_and_the_rest_compa
     );
     assert_eq!(status("lm_head"), Some(Json::from("match")));
 }
+
+/// Keeps every module output except what the indexer computes (its module, its internals, the
+/// top-k attention and layer hand on).
+struct NoIndexer(glmcheck::model::VecCapture);
+
+impl glmcheck::model::Capture for NoIndexer {
+    fn wants(&self, path: &str) -> bool {
+        !(path.contains(".indexer") || path.ends_with(".self_attn.2") || path.ends_with(".1"))
+    }
+
+    fn capture(&mut self, path: &str, t: &candle_core::Tensor) -> candle_core::Result<()> {
+        self.0.capture(path, t)
+    }
+}
+
+/// Up to index_topk tokens (8 in the tiny model) every key is in the indexer's top-k and the
+/// attention mask is the causal one: a forward whose sink reads nothing of the indexer skips it
+/// (no top-k comes back from any layer), a sink that reads it gets it computed, and the logits
+/// are the same bits all three ways (nothing captured, everything, all but the indexer). Past
+/// index_topk the top-k picks, and the logits still agree (the indexer runs whatever is read).
+#[test]
+fn the_indexer_runs_where_it_is_read_or_can_change_the_output() {
+    use glmcheck::model::{Capture, NoCapture, VecCapture};
+    let (model, _) = load("tiny-Q8_0", ComputeDtype::F32, DsaMode::Sparse);
+    let bits = |t: &candle_core::Tensor| -> Vec<u32> {
+        t.flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .expect("logits")
+            .into_iter()
+            .map(f32::to_bits)
+            .collect()
+    };
+    for (n, selects_all) in [(7usize, true), (8, true), (12, false)] {
+        let tokens: Vec<u32> = (0..n as u32).map(|i| 17 + 3 * i).collect();
+        let none = model.forward(&tokens, &mut NoCapture).expect("forward");
+        let mut all = VecCapture::new();
+        let every = model.forward(&tokens, &mut all).expect("forward");
+        let mut some = NoIndexer(VecCapture::new());
+        let most = model.forward(&tokens, &mut some).expect("forward");
+        let differ = |a: &candle_core::Tensor, b: &candle_core::Tensor| {
+            let (a, b) = (bits(a), bits(b));
+            a.iter().zip(&b).filter(|(x, y)| x != y).count() + a.len().abs_diff(b.len())
+        };
+        let d = differ(&none, &every);
+        assert_eq!(
+            d, 0,
+            "{n} tokens: {d} logits differ, nothing vs everything captured"
+        );
+        let d = differ(&none, &most);
+        assert_eq!(
+            d, 0,
+            "{n} tokens: {d} logits differ, nothing vs all but the indexer"
+        );
+        let has = |c: &VecCapture, path: &str| c.entries.iter().any(|(k, _)| k == path);
+        for l in 0..2 {
+            let idx = format!("model.layers.{l}.self_attn.indexer");
+            assert!(
+                has(&all, &idx),
+                "{n} tokens: {idx} not computed for a sink that reads it"
+            );
+            assert!(
+                has(&all, &format!("model.layers.{l}.1")),
+                "{n} tokens: layer {l}'s top-k"
+            );
+            assert!(!some.wants(&idx));
+            assert!(
+                some.0.entries.iter().all(|(k, _)| !k.contains(".indexer")),
+                "{n} tokens: an indexer output reached a sink that does not read it"
+            );
+        }
+        // The attention layers' outputs equal in both captures.
+        let o = "model.layers.1.self_attn";
+        let (a, b) = (all.get(o).expect("attn"), some.0.get(o).expect("attn"));
+        assert_eq!(differ(a, b), 0, "{n} tokens: {o}");
+        eprintln!("{n} tokens (every key selected: {selects_all}): the same logits three ways");
+    }
+}

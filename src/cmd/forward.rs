@@ -96,7 +96,9 @@ pub struct ForwardArgs {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub bench: usize,
     /// With --bench: one more forward with the device synchronized after every module, its time
-    /// split by module kind ("bench.profile" in --json).
+    /// split by module kind ("bench.profile" in --json). That forward captures every module, so
+    /// it runs the DSA indexer where the timed forwards skip it (prompts up to index_topk, where
+    /// the top-k is every key).
     #[arg(long, requires = "bench")]
     pub profile: bool,
     /// Simulate vLLM tensor parallel over N ranks (each rank its column/row-parallel shards,

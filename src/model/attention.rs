@@ -51,6 +51,9 @@ pub struct Mla {
     pub rope_layout: RopeLayout,
     /// Plain causal attention whatever the model's [`DsaMode`] (`dsa-dense` on this layer).
     pub force_dense: bool,
+    /// Run the indexer even where its top-k is every key and nothing reads it
+    /// (`GLMCHECK_INDEXER=always`: the same work as transformers, to measure against it).
+    pub always_index: bool,
     pub(crate) paths: AttnPaths,
 }
 
@@ -95,6 +98,7 @@ impl Mla {
             scale: (c.qk_head_dim() as f64).powf(-0.5),
             rope_layout: RopeLayout::Interleaved,
             force_dense: false,
+            always_index: std::env::var_os("GLMCHECK_INDEXER").is_some_and(|v| v == "always"),
             paths,
         })
     }
@@ -155,7 +159,20 @@ impl Mla {
         } else {
             mode
         };
+        let ids_path = sub(&p.module, "2");
         let (topk, allowed) = match mode {
+            // A prompt no longer than index_topk: every key is in the top-k, so the mask is the
+            // causal one whatever the scores. The indexer runs only when something reads it (a
+            // capture, a comparison, a replayed top-k: every sink but `NoCapture` wants it); the
+            // logits are the same bits either way (the dense arm's mask, which the sparse arm
+            // below also hands on for a top-k of all T keys).
+            DsaMode::Sparse
+                if self.indexer.selects_all(t)
+                    && !self.always_index
+                    && !self.indexer.read_by(capture, &ids_path) =>
+            {
+                (None, causal.additive.clone())
+            }
             DsaMode::Sparse => {
                 let ours = self
                     .indexer

@@ -11,6 +11,9 @@ use candle_core::{Result, Tensor};
 /// immutable, so keeping a clone is a real copy-at-capture (no later in-place overwrite).
 pub trait Capture {
     /// Whether `path` is wanted; a sink may skip work (the model still computes what it needs).
+    /// A sink that wants nothing of a layer's indexer (its module, internals, and the top-k the
+    /// attention hands on, `self_attn.2`) gets no top-k from that layer where every key is selected
+    /// (T ≤ index_topk): the indexer does not run there.
     fn wants(&self, _path: &str) -> bool {
         true
     }

@@ -38,6 +38,36 @@ pub struct Indexer {
 }
 
 impl Indexer {
+    /// Whether the top-k of `t` keys is every key (`t ≤ index_topk`): then the attention mask is the
+    /// causal one whatever the scores (transformers scatters all T keys into the mask).
+    pub fn selects_all(&self, t: usize) -> bool {
+        self.topk >= t
+    }
+
+    /// Whether `capture` reads anything this indexer computes: its module outputs, its internals
+    /// (q, k, head weights, scores) or `ids_path`, where the attention hands its top-k on.
+    pub fn read_by(&self, capture: &dyn Capture, ids_path: &str) -> bool {
+        let p = &self.paths;
+        [
+            &p.module,
+            &p.wq_b,
+            &p.wk,
+            &p.k_norm,
+            &p.weights_proj,
+            ids_path,
+        ]
+        .into_iter()
+        .any(|path| capture.wants(path))
+            || [
+                conv::IDX_Q,
+                conv::IDX_K,
+                conv::IDX_HEAD_WEIGHTS,
+                conv::IDX_SCORES,
+            ]
+            .into_iter()
+            .any(|s| capture.wants(&sub(&p.module, s)))
+    }
+
     /// Layer `l`'s indexer. Replicated: every rank holds all of it.
     pub(crate) fn new<S: WeightSource + ?Sized>(
         c: &Config,
