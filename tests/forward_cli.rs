@@ -999,10 +999,11 @@ impl glmcheck::model::Capture for NoIndexer {
 }
 
 /// Up to index_topk tokens (8 in the tiny model) every key is in the indexer's top-k and the
-/// attention mask is the causal one: a forward whose sink reads nothing of the indexer skips it
-/// (no top-k comes back from any layer), a sink that reads it gets it computed, and the logits
-/// are the same bits all three ways (nothing captured, everything, all but the indexer). Past
-/// index_topk the top-k picks, and the logits still agree (the indexer runs whatever is read).
+/// attention mask is the causal one, so a forward whose sink reads nothing of the indexer skips
+/// it. Checked: the logits are the same bits whether the sink reads nothing, everything, or all
+/// but the indexer; a sink that reads the indexer gets its outputs (and the layers' top-k), one
+/// that does not gets none. Past index_topk (12 tokens) the top-k picks keys and a skip would
+/// change the logits: with the skip forced at every length this test fails there.
 #[test]
 fn the_indexer_runs_where_it_is_read_or_can_change_the_output() {
     use glmcheck::model::{Capture, NoCapture, VecCapture};
