@@ -30,6 +30,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <algorithm>
 
 #include "elementwise.cuh"
 
@@ -269,6 +270,20 @@ int launch_mla_kv(const void * kv, const void * krot, void * key, void * value, 
     return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
 
+// x [heads, t, row] → y [t, heads·row] (attention's per-head output to the o_proj input: candle's
+// transpose + contiguous copy), in 16-byte pieces: a thread per piece of the output, consecutive
+// threads consecutive pieces; a head's row (`row` bytes, a multiple of 16) is read contiguously.
+__global__ void glmcheck_heads_to_tokens_k(const uint4 * __restrict__ x, uint4 * __restrict__ y, int heads, int t,
+                                           int row_pieces) {
+    const long long n = (long long) heads * t * row_pieces;
+    for (long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long) gridDim.x * blockDim.x) {
+        const int c = (int) (i % row_pieces);
+        const long long r = i / row_pieces; // (token, head) in the output's order
+        const int head = (int) (r % heads), tok = (int) (r / heads);
+        y[i] = x[((long long) head * t + tok) * row_pieces + c];
+    }
+}
+
 } // namespace
 
 // Each returns 0 when launched; 1: a dtype it does not take (0 f32, 1 f16, 2 bf16); 2: a shape it
@@ -354,4 +369,24 @@ extern "C" int glmcheck_mla_kv(int dtype, const void * kv, const void * krot, vo
                                             st);
     default: return 1;
     }
+}
+
+// x [heads, t, v] → y [t, heads·v] in the dtype (a pure copy: the same bits as candle's transpose and
+// contiguous copy). Rows of v values must be whole 16-byte pieces and both pointers 16-byte
+// aligned (2 otherwise).
+extern "C" int glmcheck_heads_to_tokens(int dtype, const void * x, void * y, int heads, int t, int v, void * stream) {
+    const int size = dtype == 0 ? 4 : (dtype == 1 || dtype == 2) ? 2 : 0;
+    if (size == 0) {
+        return 1;
+    }
+    if (heads <= 0 || t <= 0 || v <= 0 || (long long) v * size % 16 != 0 || (uintptr_t) x % 16 != 0
+        || (uintptr_t) y % 16 != 0) {
+        return 2;
+    }
+    const int row_pieces = (int) ((long long) v * size / 16);
+    const long long n = (long long) heads * t * row_pieces;
+    const long long blocks = std::min((n + 255) / 256, 1LL << 20);
+    glmcheck_heads_to_tokens_k<<<(unsigned) blocks, 256, 0, (cudaStream_t) stream>>>((const uint4 *) x, (uint4 *) y,
+                                                                                     heads, t, row_pieces);
+    return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }

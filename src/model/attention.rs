@@ -256,7 +256,7 @@ impl Mla {
         let scores = query.matmul(&key.t()?)?; // [H, T, T]
         let probs = masked_softmax(&scores, self.scale, allowed)?; // [H, T, T], dtype
         let out = probs.matmul(&value)?; // [H, T, v]
-        let out = out.transpose(0, 1)?.reshape((t, h * self.v_dim))?; // [T, H·v]
+        let out = heads_to_tokens(&out, t, h * self.v_dim)?; // [T, H·v]
         let out = self.o.forward(&out)?; // [T, hidden]
         emit(capture, &p.o, &out)?;
         emit(capture, &p.module, &out)?;
@@ -266,4 +266,14 @@ impl Mla {
         }
         Ok(AttnOut { hidden: out, topk })
     }
+}
+
+/// Attention's per-head output `[H, T, v]` as o_proj's input `[T, H·v]` (on CUDA one launch of
+/// 16-byte copies, `fused_cuda::heads_to_tokens`; the same bits as the transpose copy).
+fn heads_to_tokens(out: &Tensor, t: usize, hv: usize) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if let Some(y) = super::fused_cuda::heads_to_tokens(out)? {
+        return Ok(y);
+    }
+    out.transpose(0, 1)?.reshape((t, hv))
 }

@@ -15,6 +15,11 @@
 //! * [`mla_kv`]: MLA's per-head keys `[k_nope | k_rot]` and values from kv_b's output: the
 //!   transpose, narrows, broadcast, cat and contiguous copies (four to six launches) in one.
 //!
+//! * [`heads_to_tokens`]: attention's `[H, T, v]` output as o_proj's `[T, H·v]` input: candle's
+//!   transpose copy walks a strided index per value (~40 µs per layer for GLM-5 at 256 tokens on
+//!   an H100, 0.4 TB/s); one launch of 16-byte pieces instead (a copy: the same bits). Opt-in
+//!   (`GLMCHECK_HEADS_COPY=kernel`) until its device test has run on a GPU.
+//!
 //! * [`rms_norm`]: transformers' RMSNorm as `ops::RmsNorm` computes it op by op (f32 inside, the
 //!   normalised value rounded to the compute dtype before the weight multiplies it): ten launches
 //!   and five `[T, n]` round trips per norm (~100 µs for GLM-5's hidden at 256 tokens on an H100).
@@ -25,7 +30,7 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
-    CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
+    CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
 };
 
 use super::cuda_ffi::{alloc, check, code, i32_of, ptr, stream};
@@ -83,6 +88,15 @@ extern "C" {
         heads: i32,
         nope: i32,
         rope: i32,
+        v: i32,
+        stream: *mut std::ffi::c_void,
+    ) -> i32;
+    fn glmcheck_heads_to_tokens(
+        dtype: i32,
+        x: *const std::ffi::c_void,
+        y: *mut std::ffi::c_void,
+        heads: i32,
+        t: i32,
         v: i32,
         stream: *mut std::ffi::c_void,
     ) -> i32;
@@ -249,6 +263,73 @@ impl CustomOp2 for RmsNormOp {
         drop(gy);
         check("rms norm", rc)?;
         Ok((out, xl.shape().clone()))
+    }
+}
+
+/// `x` `[H, T, v]` (attention's per-head output) → `[T, H·v]`, what
+/// `x.transpose(0, 1).reshape((T, H·v))` gives (a copy, the same bits). `None` when the kernel does
+/// not take it (not CUDA, another dtype, rows of v values not whole 16-byte pieces, or
+/// `GLMCHECK_FUSED=off`) — and, until its device test has run on a GPU, unless
+/// `GLMCHECK_HEADS_COPY=kernel` asks for it.
+pub fn heads_to_tokens(x: &Tensor) -> Result<Option<Tensor>> {
+    if std::env::var_os("GLMCHECK_HEADS_COPY").is_none_or(|v| v != "kernel") {
+        return Ok(None);
+    }
+    heads_to_tokens_kernel(x)
+}
+
+/// [`heads_to_tokens`] whatever `GLMCHECK_HEADS_COPY` says (its device test calls this).
+fn heads_to_tokens_kernel(x: &Tensor) -> Result<Option<Tensor>> {
+    let Ok((h, t, v)) = x.dims3() else {
+        return Ok(None);
+    };
+    let Some(size) = code(x.dtype()).map(|c| if c == 0 { 4 } else { 2 }) else {
+        return Ok(None);
+    };
+    if !enabled() || !x.device().is_cuda() || x.elem_count() == 0 || !(v * size).is_multiple_of(16)
+    {
+        return Ok(None);
+    }
+    let x = x.contiguous()?;
+    // device buffers start on 256-byte boundaries: the view's offset decides the alignment
+    if !(x.layout().start_offset() * size).is_multiple_of(16) {
+        return Ok(None);
+    }
+    x.apply_op1_no_bwd(&HeadsToTokens)
+        .and_then(|y| y.reshape((t, h * v)))
+        .map(Some)
+}
+
+struct HeadsToTokens;
+
+impl CustomOp1 for HeadsToTokens {
+    fn name(&self) -> &'static str {
+        "glmcheck-heads-to-tokens"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("glmcheck's heads-to-tokens copy runs on CUDA only")
+    }
+
+    fn cuda_fwd(&self, xs: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (h, t, v) = xl.shape().dims3()?;
+        let Some((x0, _)) = xl.contiguous_offsets() else {
+            candle_core::bail!("heads to tokens: the input is not contiguous")
+        };
+        let (h32, t32, v32) = (
+            i32_of(h, "heads")?,
+            i32_of(t, "tokens")?,
+            i32_of(v, "head width")?,
+        );
+        let dev = xs.device();
+        let (st, raw) = stream(dev);
+        let dtype = code(xs.dtype()).unwrap_or(-1);
+        let out = alloc(dev, xs.dtype(), h * t * v)?;
+        let ((xp, _gx), (yp, gy)) = (ptr(xs, x0, &st)?, ptr(&out, 0, &st)?);
+        let rc = unsafe { glmcheck_heads_to_tokens(dtype, xp, yp, h32, t32, v32, raw) };
+        drop(gy);
+        check("heads to tokens", rc)?;
+        Ok((out, (t, h, v).into()))
     }
 }
 
@@ -532,6 +613,44 @@ mod tests {
     }
 
     use crate::model::cuda_ffi::bits;
+
+    /// The heads-to-tokens copy equals candle's transpose + reshape bit for bit (f32, f16, bf16;
+    /// GLM-5's 64 heads of 256 values at 256 tokens, small odd shapes, inputs that start one head
+    /// into their buffer); rows that are not whole 16-byte pieces, and views that do not start on
+    /// a 16-byte boundary, are declined.
+    #[test]
+    fn heads_to_tokens_equals_candles_transpose_copy_bit_for_bit() -> Result<()> {
+        let Some(dev) = cuda() else { return Ok(()) };
+        for (h, t, v) in [
+            (64usize, 256usize, 256usize),
+            (3, 5, 24),
+            (2, 7, 8),
+            (2, 3, 4),
+        ] {
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let size = if dtype == DType::F32 { 4 } else { 2 };
+                // one head more, then narrowed away: the input starts t·v values into its buffer
+                let whole = Tensor::randn(0f32, 1.0, (h + 1, t, v), &dev)?.to_dtype(dtype)?;
+                let x = whole.narrow(0, 1, h)?;
+                let want = x.transpose(0, 1)?.reshape((t, h * v))?;
+                let got = heads_to_tokens_kernel(&x)?;
+                if !(v * size).is_multiple_of(16) || !(t * v * size).is_multiple_of(16) {
+                    assert!(
+                        got.is_none(),
+                        "{h}x{t}x{v} {dtype:?}: not whole 16-byte pieces"
+                    );
+                    continue;
+                }
+                let got = got.ok_or_else(|| candle_core::Error::Msg("kernel declined".into()))?;
+                assert_eq!(got.dims(), &[t, h * v]);
+                assert!(
+                    bits(&got)? == bits(&want)?,
+                    "{h}x{t}x{v} {dtype:?}: not candle's copy"
+                );
+            }
+        }
+        Ok(())
+    }
 
     /// The fused softmax equals candle's five-launch chain bit for bit, in f32, f16 and bf16, with
     /// a causal mask of `finfo.min` (rows of one allowed key included), key counts below, at and
