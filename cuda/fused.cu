@@ -257,9 +257,45 @@ __global__ void glmcheck_mla_kv_k(const T * __restrict__ kv, const T * __restric
     value[j] = kv[((long long) tok * heads + head) * (nope + v) + nope + c];
 }
 
+// glmcheck_mla_kv_k in 16-byte pieces (np, rp, vp: the pieces of nope, rope and v values, each a
+// whole number of them): a kv row (token, head) holds np + vp pieces, a k_rot row (token) rp. The
+// same copies, 8 bf16 values a thread instead of one, and a piece never straddles nope | rope.
+__global__ void glmcheck_mla_kv16_k(const uint4 * __restrict__ kv, const uint4 * __restrict__ krot,
+                                    uint4 * __restrict__ key, uint4 * __restrict__ value, int t, int heads, int np,
+                                    int rp, int vp) {
+    const long long rows = (long long) heads * t;
+    const int kp = np + rp;
+    const long long n = rows * (kp + vp);
+    for (long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long) gridDim.x * blockDim.x) {
+        if (i < rows * kp) {
+            const long long r = i / kp; // (head, token)
+            const int c = (int) (i - r * kp);
+            const int head = (int) (r / t), tok = (int) (r - (long long) head * t);
+            key[i] = c < np ? kv[((long long) tok * heads + head) * (np + vp) + c] : krot[(long long) tok * rp + c - np];
+        } else {
+            const long long j = i - rows * kp;
+            const long long r = j / vp;
+            const int c = (int) (j - r * vp);
+            const int head = (int) (r / t), tok = (int) (r - (long long) head * t);
+            value[j] = kv[((long long) tok * heads + head) * (np + vp) + np + c];
+        }
+    }
+}
+
 template <typename T>
 int launch_mla_kv(const void * kv, const void * krot, void * key, void * value, int t, int heads, int nope, int rope,
-                  int v, cudaStream_t stream) {
+                  int v, bool pieces, cudaStream_t stream) {
+    constexpr int S = (int) sizeof(T);
+    const uintptr_t all = (uintptr_t) kv | (uintptr_t) krot | (uintptr_t) key | (uintptr_t) value;
+    if (pieces && nope * S % 16 == 0 && rope * S % 16 == 0 && v * S % 16 == 0 && all % 16 == 0) {
+        const int np = nope * S / 16, rp = rope * S / 16, vp = v * S / 16;
+        const long long n = (long long) heads * t * (np + rp + vp);
+        const long long blocks = std::min((n + 255) / 256, 1LL << 20);
+        glmcheck_mla_kv16_k<<<(unsigned) blocks, 256, 0, stream>>>((const uint4 *) kv, (const uint4 *) krot,
+                                                                   (uint4 *) key, (uint4 *) value, t, heads, np, rp,
+                                                                   vp);
+        return cudaGetLastError() == cudaSuccess ? 0 : 3;
+    }
     const long long n = (long long) heads * t * (nope + rope + v);
     const long long blocks = (n + 255) / 256;
     if (blocks > 0x7fffffffLL) {
@@ -354,19 +390,21 @@ extern "C" int glmcheck_token_sum(int dtype, const void * y, const float * w, co
 
 // kv [t, heads, nope + v], krot [t, rope] → out = key [heads, t, nope + rope] then value
 // [heads, t, v], one buffer.
+// pieces: the 16-byte copies where nope, rope and v fill whole pieces and the buffers sit on 16-byte
+// boundaries (else, and with 0, one value a thread; the same bits either way).
 extern "C" int glmcheck_mla_kv(int dtype, const void * kv, const void * krot, void * out, int t, int heads, int nope,
-                               int rope, int v, void * stream) {
+                               int rope, int v, int pieces, void * stream) {
     if (t <= 0 || heads <= 0 || nope < 0 || rope < 0 || v <= 0 || nope + rope <= 0) {
         return 2;
     }
     const long long key_n = (long long) heads * t * (nope + rope);
     cudaStream_t st = (cudaStream_t) stream;
     switch (dtype) {
-    case 0: return launch_mla_kv<float>(kv, krot, out, (float *) out + key_n, t, heads, nope, rope, v, st);
-    case 1: return launch_mla_kv<half>(kv, krot, out, (half *) out + key_n, t, heads, nope, rope, v, st);
+    case 0: return launch_mla_kv<float>(kv, krot, out, (float *) out + key_n, t, heads, nope, rope, v, pieces, st);
+    case 1: return launch_mla_kv<half>(kv, krot, out, (half *) out + key_n, t, heads, nope, rope, v, pieces, st);
     case 2:
         return launch_mla_kv<__nv_bfloat16>(kv, krot, out, (__nv_bfloat16 *) out + key_n, t, heads, nope, rope, v,
-                                            st);
+                                            pieces, st);
     default: return 1;
     }
 }

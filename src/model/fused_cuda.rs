@@ -18,7 +18,8 @@
 //! * [`heads_to_tokens`]: attention's `[H, T, v]` output as o_proj's `[T, H·v]` input: candle's
 //!   transpose copy walks a strided index per value (~40 µs per layer for GLM-5 at 256 tokens on
 //!   an H100, 0.4 TB/s); one launch of 16-byte pieces instead (a copy: the same bits). Opt-in
-//!   (`GLMCHECK_HEADS_COPY=kernel`) until its device test has run on a GPU.
+//!   (`GLMCHECK_COPY16=on`, which also moves [`mla_kv`]'s copies 16 bytes a thread) until their
+//!   device tests have run on a GPU.
 //!
 //! * [`rms_norm`]: transformers' RMSNorm as `ops::RmsNorm` computes it op by op (f32 inside, the
 //!   normalised value rounded to the compute dtype before the weight multiplies it): ten launches
@@ -89,6 +90,7 @@ extern "C" {
         nope: i32,
         rope: i32,
         v: i32,
+        pieces: i32,
         stream: *mut std::ffi::c_void,
     ) -> i32;
     fn glmcheck_heads_to_tokens(
@@ -106,6 +108,12 @@ extern "C" {
 /// `GLMCHECK_FUSED=no-norm`: all but [`rms_norm`], to measure it alone).
 pub fn enabled() -> bool {
     std::env::var_os("GLMCHECK_FUSED").is_none_or(|v| v != "off")
+}
+
+/// Whether the copies move 16 bytes a thread ([`heads_to_tokens`], [`mla_kv`]):
+/// `GLMCHECK_COPY16=on`, until their device tests have run on a GPU (then the default).
+fn copy16() -> bool {
+    std::env::var_os("GLMCHECK_COPY16").is_some_and(|v| v == "on")
 }
 
 fn norm_enabled() -> bool {
@@ -269,16 +277,15 @@ impl CustomOp2 for RmsNormOp {
 /// `x` `[H, T, v]` (attention's per-head output) → `[T, H·v]`, what
 /// `x.transpose(0, 1).reshape((T, H·v))` gives (a copy, the same bits). `None` when the kernel does
 /// not take it (not CUDA, another dtype, rows of v values not whole 16-byte pieces, or
-/// `GLMCHECK_FUSED=off`) — and, until its device test has run on a GPU, unless
-/// `GLMCHECK_HEADS_COPY=kernel` asks for it.
+/// `GLMCHECK_FUSED=off`) — and, until its device test has run on a GPU, unless [`copy16`].
 pub fn heads_to_tokens(x: &Tensor) -> Result<Option<Tensor>> {
-    if std::env::var_os("GLMCHECK_HEADS_COPY").is_none_or(|v| v != "kernel") {
+    if !copy16() {
         return Ok(None);
     }
     heads_to_tokens_kernel(x)
 }
 
-/// [`heads_to_tokens`] whatever `GLMCHECK_HEADS_COPY` says (its device test calls this).
+/// [`heads_to_tokens`] whatever [`copy16`] says (its device test calls this).
 fn heads_to_tokens_kernel(x: &Tensor) -> Result<Option<Tensor>> {
     let Ok((h, t, v)) = x.dims3() else {
         return Ok(None);
@@ -352,7 +359,10 @@ pub fn mla_kv(kv: &Tensor, k_rot: &Tensor, nope: usize) -> Result<Option<(Tensor
         return Ok(None);
     }
     let v = w - nope;
-    let op = MlaKv { nope };
+    let op = MlaKv {
+        nope,
+        pieces: copy16(),
+    };
     let out = kv
         .contiguous()?
         .apply_op2_no_bwd(&k_rot.contiguous()?, &op)?;
@@ -364,6 +374,8 @@ pub fn mla_kv(kv: &Tensor, k_rot: &Tensor, nope: usize) -> Result<Option<(Tensor
 
 struct MlaKv {
     nope: usize,
+    /// 16-byte copies where the split and the buffers allow (the launcher checks).
+    pieces: bool,
 }
 
 impl CustomOp2 for MlaKv {
@@ -408,7 +420,9 @@ impl CustomOp2 for MlaKv {
         let out = alloc(dev, ks.dtype(), n)?;
         let ((kp, _gk), (rp, _gr), (op, go)) =
             (ptr(ks, k0, &st)?, ptr(rs, r0, &st)?, ptr(&out, 0, &st)?);
-        let rc = unsafe { glmcheck_mla_kv(dtype, kp, rp, op, t32, h32, n32, r32, v32, raw) };
+        let pieces = i32::from(self.pieces);
+        let rc =
+            unsafe { glmcheck_mla_kv(dtype, kp, rp, op, t32, h32, n32, r32, v32, pieces, raw) };
         drop(go);
         check("mla kv", rc)?;
         Ok((out, n.into()))
@@ -745,17 +759,27 @@ mod tests {
     }
 
     /// The one-launch keys and values equal the narrows, broadcast and cat they replace, bit for
-    /// bit (GLM-5's 192 | 64 | 256 split scaled down, and an odd one); a column from the wrong
-    /// head or token differs.
+    /// bit, one value a thread and 16 bytes a thread (GLM-5's 192 | 64 | 256 split at 64 heads and
+    /// 40 tokens, scaled down, and an odd one the 16-byte copies leave to the other); a column from
+    /// the wrong head or token differs.
     #[test]
     fn the_fused_mla_keys_and_values_equal_the_chain() -> Result<()> {
         let Some(dev) = cuda() else { return Ok(()) };
-        for (t, h, nope, rope, v) in [(7usize, 4usize, 24usize, 8usize, 32usize), (3, 5, 5, 3, 7)] {
+        for (t, h, nope, rope, v, pieces) in [
+            (7usize, 4usize, 24usize, 8usize, 32usize, false),
+            (3, 5, 5, 3, 7, false),
+            (7, 4, 24, 8, 32, true),
+            (40, 64, 192, 64, 256, true),
+            (3, 5, 5, 3, 7, true),
+        ] {
             for dtype in [DType::F32, DType::F16, DType::BF16] {
                 let kv = Tensor::randn(0f32, 1.0, (t, h, nope + v), &dev)?.to_dtype(dtype)?;
                 let k_rot = Tensor::randn(0f32, 1.0, (t, rope), &dev)?.to_dtype(dtype)?;
-                let (key, value) = mla_kv(&kv, &k_rot, nope)?
-                    .ok_or_else(|| candle_core::Error::Msg("kernel declined".into()))?;
+                let op = MlaKv { nope, pieces };
+                let out = kv.contiguous()?.apply_op2_no_bwd(&k_rot, &op)?;
+                let key_n = h * t * (nope + rope);
+                let key = out.narrow(0, 0, key_n)?.reshape((h, t, nope + rope))?;
+                let value = out.narrow(0, key_n, h * t * v)?.reshape((h, t, v))?;
                 let kvt = kv.transpose(0, 1)?;
                 let want_key = Tensor::cat(
                     &[
@@ -766,8 +790,9 @@ mod tests {
                 )?;
                 let want_value = kvt.narrow(2, nope, v)?;
                 assert!(key.is_contiguous() && value.is_contiguous());
-                assert_eq!(bits(&key)?, bits(&want_key)?, "{dtype:?} key");
-                assert_eq!(bits(&value)?, bits(&want_value)?, "{dtype:?} value");
+                let case = format!("{t}x{h} {nope}|{rope}|{v} {dtype:?} pieces={pieces}");
+                assert!(bits(&key)? == bits(&want_key)?, "{case}: key");
+                assert!(bits(&value)? == bits(&want_value)?, "{case}: value");
             }
         }
         Ok(())
