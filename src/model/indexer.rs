@@ -122,6 +122,8 @@ impl Indexer {
         causal: &CausalMask,
         capture: &mut dyn Capture,
     ) -> Result<Tensor> {
+        #[cfg(test)]
+        tests::RUNS.with(|r| r.set(r.get() + 1));
         let p = &self.paths;
         let (t, _) = x.dims2()?;
 
@@ -165,5 +167,58 @@ impl Indexer {
         let ids = topk_indices(&index, k)?; // [T, k] U32
         emit_with(capture, &p.module, || ids.to_dtype(DType::I64))?;
         Ok(ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::arch::config::ConfigReader;
+    use crate::gguf::GgufModel;
+    use crate::model::{Capture, DsaMode, Glm5, ModelOptions, NoCapture, VecCapture};
+    use crate::weights::Weights;
+    use candle_core::Device;
+
+    thread_local! {
+        /// Indexer forwards run on this thread (each test runs on its own).
+        pub(super) static RUNS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// How many indexer forwards one model forward of `n` tokens runs with `capture`.
+    fn runs(model: &Glm5, n: usize, capture: &mut dyn Capture) -> usize {
+        let tokens: Vec<u32> = (0..n as u32).map(|i| 17 + 3 * i).collect();
+        RUNS.with(|r| r.set(0));
+        model.forward(&tokens, capture).expect("forward");
+        RUNS.with(|r| r.get())
+    }
+
+    /// The tiny model (index_topk 8, 3 layers) skips its indexers up to 8 tokens when nothing reads
+    /// them, runs all three from 9 tokens on (the top-k then picks keys), and runs them at any
+    /// length for a sink that reads them. (`tests/forward_cli.rs` has the logits bit for bit.)
+    #[test]
+    fn the_indexer_is_skipped_exactly_where_every_key_is_selected_and_nothing_reads_it() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny/tiny-Q8_0.gguf");
+        let m = GgufModel::open(&path).expect("fixture");
+        let c = ConfigReader::read(&m, "glm-dsa").expect("config").config;
+        assert_eq!(c.index_topk, 8, "the fixture this test was written for");
+        let layers = c.num_hidden_layers;
+        let w = Weights::new(&m, &c, Device::Cpu);
+        let opts = ModelOptions {
+            dsa: DsaMode::Sparse,
+            ..ModelOptions::default()
+        };
+        let model = Glm5::load_with(&w, opts).expect("load");
+        for (n, want) in [(1, 0), (7, 0), (8, 0), (9, layers), (12, layers)] {
+            assert_eq!(
+                runs(&model, n, &mut NoCapture),
+                want,
+                "{n} tokens, nothing read"
+            );
+            assert_eq!(
+                runs(&model, n, &mut VecCapture::new()),
+                layers,
+                "{n} tokens, all read"
+            );
+        }
     }
 }
