@@ -159,7 +159,6 @@ impl Mla {
         } else {
             mode
         };
-        let ids_path = sub(&p.module, "2");
         let (topk, allowed) = match mode {
             // A prompt no longer than index_topk: every key is in the top-k, so the mask is the
             // causal one whatever the scores. The indexer runs only when something reads it (a
@@ -169,7 +168,7 @@ impl Mla {
             DsaMode::Sparse
                 if self.indexer.selects_all(t)
                     && !self.always_index
-                    && !self.indexer.read_by(capture, &ids_path) =>
+                    && !self.indexer.read_by(capture, &p.topk) =>
             {
                 (None, causal.additive.clone())
             }
@@ -262,7 +261,7 @@ impl Mla {
         emit(capture, &p.module, &out)?;
         emit(capture, &sub(&p.module, "1"), &probs)?;
         if let Some(ids) = &topk {
-            emit_with(capture, &sub(&p.module, "2"), || ids.to_dtype(DType::I64))?;
+            emit_with(capture, &p.topk, || ids.to_dtype(DType::I64))?;
         }
         Ok(AttnOut { hidden: out, topk })
     }

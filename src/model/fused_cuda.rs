@@ -290,10 +290,12 @@ fn heads_to_tokens_kernel(x: &Tensor) -> Result<Option<Tensor>> {
     let Ok((h, t, v)) = x.dims3() else {
         return Ok(None);
     };
-    let Some(size) = code(x.dtype()).map(|c| if c == 0 { 4 } else { 2 }) else {
-        return Ok(None);
-    };
-    if !enabled() || !x.device().is_cuda() || x.elem_count() == 0 || !(v * size).is_multiple_of(16)
+    let size = x.dtype().size_in_bytes();
+    if !enabled()
+        || !x.device().is_cuda()
+        || code(x.dtype()).is_none()
+        || x.elem_count() == 0
+        || !(v * size).is_multiple_of(16)
     {
         return Ok(None);
     }

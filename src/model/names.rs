@@ -196,6 +196,9 @@ pub(crate) struct AttnPaths {
     pub kv_a_norm: String,
     pub kv_b: String,
     pub o: String,
+    /// `model.layers.N.self_attn.2`: the indexer's top-k the attention hands on (its hook's third
+    /// output)
+    pub topk: String,
     pub indexer: IndexerPaths,
 }
 
@@ -282,6 +285,7 @@ impl LayerPaths {
             input_norm: m(Role::InputNorm)?,
             post_norm: m(Role::PostAttnNorm)?,
             attn: AttnPaths {
+                topk: sub(&attn_module, "2"),
                 module: attn_module,
                 q_a,
                 q_a_norm: m(Role::QANorm)?,
