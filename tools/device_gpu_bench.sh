@@ -210,7 +210,10 @@ phase_a() {
   return 0
 }
 
-# glmcheck's timed forwards: --bench 5 for each matmul mode at 16 and 256 tokens.
+# glmcheck's timed forwards: --bench 5 for each matmul mode at 16 and 256 tokens, then each
+# GPU_BENCH_EXTRA entry ('NAME:VAR=V …', space-separated entries) as mode dequant_NAME under that
+# environment (e.g. 'always:GLMCHECK_INDEXER=always': transformers' work beside the default's, so
+# both ratios come from one call).
 glmcheck_benches() {
   local modes=(dequant q8)
   has_flag forward --matmul || modes=(default)
@@ -220,6 +223,14 @@ glmcheck_benches() {
       local mm=(); [ "$m" != default ] && mm=(--matmul "$m")
       GLMCHECK_PEAK_RSS=1 gstep "cuda-bf16-$m-$seq" 120 "$bin" forward "$model" --tokens "$toks" --device "$dev" \
         --dtype bf16 "${mm[@]}" --max-new-tokens 0 --bench 5 --json $(has_flag forward --profile && echo --profile)
+    done
+    local extra name envs
+    for extra in ${GPU_BENCH_EXTRA:-}; do
+      name=${extra%%:*}; envs=${extra#*:}
+      # shellcheck disable=SC2086
+      GLMCHECK_PEAK_RSS=1 gstep "cuda-bf16-dequant_$name-$seq" 120 env ${envs//,/ } "$bin" forward "$model" \
+        --tokens "$toks" --device "$dev" --dtype bf16 --matmul dequant --max-new-tokens 0 --bench 5 --json \
+        $(has_flag forward --profile && echo --profile)
     done
   done
 }

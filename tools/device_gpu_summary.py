@@ -237,7 +237,7 @@ def main():
     modes = []
     for d in dirs:
         for f in sorted(os.listdir(d)):
-            m = re.match(r"cuda-bf16-(dequant|q8|default)-(\d+)\.json$", f)
+            m = re.match(r"cuda-bf16-((?:dequant|q8|default)(?:_[a-z0-9]+)?)-(\d+)\.json$", f)
             if m and m.group(1) not in modes:
                 modes.append(m.group(1))
     modes = modes or ["dequant", "q8"]
