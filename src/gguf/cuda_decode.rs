@@ -80,78 +80,15 @@ pub(crate) fn decode_grid(q: &QTensor, dtype: DType, grid: i32) -> Result<Option
         dtype,
         code,
         grid,
-        side: None,
     };
     Ok(Some(anchor.apply_op1_no_bwd(&op)?.reshape(dims)?))
 }
-
-/// [`decode_grid`] launched on `side`, another stream of the weight's device: the output is
-/// allocated on the device's own stream, `side` waits for that, then decodes. The caller owns the
-/// rest of the ordering: the device's stream must wait for `side` (an event recorded after this)
-/// before it reads the output or frees it (`model::ahead_cuda`).
-pub(crate) fn decode_on(
-    q: &QTensor,
-    dtype: DType,
-    grid: i32,
-    side: *mut std::ffi::c_void,
-) -> Result<Option<Tensor>> {
-    let code = match dtype {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::BF16 => 2,
-        _ => return Ok(None),
-    };
-    let elems = q.shape().elem_count();
-    if tiled_type(q.dtype()).is_none()
-        || elems == 0
-        || !elems.is_multiple_of(256)
-        || !q.device().is_cuda()
-    {
-        return Ok(None);
-    }
-    let dims = q.shape().dims().to_vec();
-    let anchor = Tensor::zeros(1, DType::U32, &q.device())?;
-    let op = Whole {
-        q,
-        dtype,
-        code,
-        grid,
-        side: Some(Side(side)),
-    };
-    Ok(Some(anchor.apply_op1_no_bwd(&op)?.reshape(dims)?))
-}
-
-/// `waiter` (a raw `CUstream`) runs nothing more until the work enqueued on `on` so far is done: an
-/// event recorded on `on`, waited for by `waiter` (the event is released once it has fired).
-pub(crate) fn follow(waiter: *mut std::ffi::c_void, on: *mut std::ffi::c_void) -> Result<()> {
-    use candle_core::cuda_backend::cudarc::driver::{result, sys};
-    let w = |e: result::DriverError| candle_core::Error::Msg(format!("stream ordering: {e}"));
-    let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(w)?;
-    // SAFETY: both handles are live streams of the current context; the event is ours.
-    let r = unsafe {
-        result::event::record(ev, on as sys::CUstream).and_then(|()| {
-            result::stream::wait_event(
-                waiter as sys::CUstream,
-                ev,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-        })
-    };
-    // SAFETY: destroying an event still pending is allowed (released when it completes).
-    unsafe { result::event::destroy(ev) }.map_err(w)?;
-    r.map_err(w)
-}
-
-/// A raw stream handle (`CUstream`) the decode launches on.
-#[derive(Clone, Copy)]
-struct Side(*mut std::ffi::c_void);
 
 struct Whole<'a> {
     q: &'a QTensor,
     dtype: DType,
     code: i32,
     grid: i32,
-    side: Option<Side>,
 }
 
 impl CustomOp1 for Whole<'_> {
@@ -169,17 +106,9 @@ impl CustomOp1 for Whole<'_> {
         let ty = tiled_type(self.q.dtype()).unwrap_or(-1);
         let stream = dev.cuda_stream();
         let x = self.q.device_ptr()? as *const std::ffi::c_void;
-        let main = stream.cu_stream() as *mut std::ffi::c_void;
+        let s = stream.cu_stream() as *mut std::ffi::c_void;
         let p = self.grid;
-        let side = self.side;
-        let run = |y| match side {
-            None => unsafe { glmcheck_decode_whole(ty, self.code, x, y, elems as i64, p, main) },
-            // the allocation was ordered on the device's stream: the side stream waits for it
-            Some(Side(s)) => match follow(s, main) {
-                Ok(()) => unsafe { glmcheck_decode_whole(ty, self.code, x, y, elems as i64, p, s) },
-                Err(_) => -1,
-            },
-        };
+        let run = |y| unsafe { glmcheck_decode_whole(ty, self.code, x, y, elems as i64, p, s) };
         let (rc, storage) = match self.dtype {
             DType::F32 => fill::<f32>(dev, elems, run)?,
             DType::F16 => fill::<half::f16>(dev, elems, run)?,

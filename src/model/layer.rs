@@ -5,7 +5,6 @@ use candle_core::{DType, Result, Tensor};
 
 use super::attention::{AttnOut, Mla};
 use super::capture::{emit, emit_with, Capture};
-use super::linear::Linear;
 use super::mlp::Mlp;
 use super::moe::Moe;
 use super::names::{sub, LayerPaths, MlpKind};
@@ -82,19 +81,6 @@ impl DecoderLayer {
             ffn,
             paths,
         })
-    }
-
-    /// The dense projections a forward multiplies (attention's and the MLP's or shared expert's; not
-    /// the indexer's, which a forward may skip, nor the router or the routed experts).
-    pub fn dense_linears(&self) -> Vec<&Linear> {
-        let a = &self.attn;
-        let mut v = vec![&a.q_a, &a.q_b, &a.kv_a, &a.kv_b, &a.o];
-        let m = match &self.ffn {
-            FeedForward::Dense(m) => m,
-            FeedForward::Moe(m) => &m.shared,
-        };
-        v.extend([&m.gate, &m.up, &m.down]);
-        v
     }
 
     /// `model.layers.N`

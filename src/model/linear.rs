@@ -128,11 +128,6 @@ impl Blocks {
                         return Ok(y);
                     }
                 }
-                // decoded ahead on a side stream while the layer before computed (opt-in)
-                #[cfg(feature = "cuda")]
-                if let Some(w) = super::ahead_cuda::take(q, dtype) {
-                    return x.matmul(&w.t()?);
-                }
                 x.matmul(&dequantize(q, dtype)?.t()?)
             }
             MatmulMode::Q8 => q8_matmul(q, x),

@@ -11,8 +11,6 @@
 //! noted at the place they matter ([`attention::LATENT_NORM_EPS`], [`indexer::K_NORM_EPS`],
 //! [`Experts::forward`]).
 
-#[cfg(feature = "cuda")]
-pub(crate) mod ahead_cuda;
 pub mod attention;
 pub mod behaviour;
 pub mod capture;
@@ -517,24 +515,9 @@ impl Glm5 {
         .map_err(at(&p.rotary))?;
 
         let causal = ops::CausalMask::new(t, dtype, &self.device).map_err(at(&p.model))?;
-        #[cfg(feature = "cuda")]
-        let _ahead = ahead_cuda::wanted(&self.device).map(ahead_cuda::Scope::begin);
         for l in 0..self.config.num_hidden_layers {
             let layer: Vec<&DecoderLayer> = self.ranks.iter().map(|r| &r.layers[l]).collect();
             let path = layer[0].path();
-            // the next layer's dense weights (after the last, the lm_head) decoded meanwhile
-            #[cfg(feature = "cuda")]
-            if _ahead.is_some() {
-                let next: Vec<&Linear> = match l + 1 < self.config.num_hidden_layers {
-                    true => self
-                        .ranks
-                        .iter()
-                        .flat_map(|r| r.layers[l + 1].dense_linears())
-                        .collect(),
-                    false => self.ranks.iter().map(|r| &r.lm_head).collect(),
-                };
-                ahead_cuda::start(&next, t).map_err(at(path))?;
-            }
             x = layer::forward_ranks(
                 &layer,
                 &x,
