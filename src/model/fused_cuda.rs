@@ -110,10 +110,12 @@ pub fn enabled() -> bool {
     std::env::var_os("GLMCHECK_FUSED").is_none_or(|v| v != "off")
 }
 
-/// Whether the copies move 16 bytes a thread ([`heads_to_tokens`], [`mla_kv`]):
-/// `GLMCHECK_COPY16=on`, until their device tests have run on a GPU (then the default).
+/// Whether the copies move 16 bytes a thread ([`heads_to_tokens`], [`mla_kv`]); `GLMCHECK_COPY16=off`:
+/// candle's transpose copy and one value a thread (to measure). Read once. The default since their
+/// device tests passed on an H100 (build AD: the 256-token forward bit for bit, 563 modules).
 fn copy16() -> bool {
-    std::env::var_os("GLMCHECK_COPY16").is_some_and(|v| v == "on")
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("GLMCHECK_COPY16").is_none_or(|v| v != "off"))
 }
 
 fn norm_enabled() -> bool {
@@ -277,7 +279,7 @@ impl CustomOp2 for RmsNormOp {
 /// `x` `[H, T, v]` (attention's per-head output) → `[T, H·v]`, what
 /// `x.transpose(0, 1).reshape((T, H·v))` gives (a copy, the same bits). `None` when the kernel does
 /// not take it (not CUDA, another dtype, rows of v values not whole 16-byte pieces, or
-/// `GLMCHECK_FUSED=off`) — and, until its device test has run on a GPU, unless [`copy16`].
+/// `GLMCHECK_FUSED=off`), or [`copy16`] off.
 pub fn heads_to_tokens(x: &Tensor) -> Result<Option<Tensor>> {
     if !copy16() {
         return Ok(None);
