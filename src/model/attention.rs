@@ -98,7 +98,7 @@ impl Mla {
             scale: (c.qk_head_dim() as f64).powf(-0.5),
             rope_layout: RopeLayout::Interleaved,
             force_dense: false,
-            always_index: std::env::var_os("GLMCHECK_INDEXER").is_some_and(|v| v == "always"),
+            always_index: super::knobs::knobs().indexer_always,
             paths,
         })
     }

@@ -107,19 +107,21 @@ extern "C" {
 /// Whether the fused kernels run (`GLMCHECK_FUSED=off`: candle's chains instead;
 /// `GLMCHECK_FUSED=no-norm`: all but [`rms_norm`], to measure it alone).
 pub fn enabled() -> bool {
-    std::env::var_os("GLMCHECK_FUSED").is_none_or(|v| v != "off")
+    super::knobs::knobs().fused.as_deref() != Some("off")
 }
 
 /// Whether the copies move 16 bytes a thread ([`heads_to_tokens`], [`mla_kv`]); `GLMCHECK_COPY16=off`:
 /// candle's transpose copy and one value a thread (to measure). Read once. The default since their
 /// device tests passed on an H100 (build AD: the 256-token forward bit for bit, 563 modules).
 fn copy16() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("GLMCHECK_COPY16").is_none_or(|v| v != "off"))
+    !super::knobs::knobs().copy16_off
 }
 
 fn norm_enabled() -> bool {
-    std::env::var_os("GLMCHECK_FUSED").is_none_or(|v| v != "off" && v != "no-norm")
+    !matches!(
+        super::knobs::knobs().fused.as_deref(),
+        Some("off" | "no-norm")
+    )
 }
 
 /// `scores` `[H, T, S]` (any of f32/f16/bf16, on CUDA), `mask` `[T, S]` f32 →

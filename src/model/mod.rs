@@ -22,6 +22,7 @@ pub(crate) mod fma_decode_tests;
 pub(crate) mod fused_cuda;
 pub mod grouping;
 pub mod indexer;
+pub mod knobs;
 pub mod layer;
 pub mod linear;
 pub mod mlp;

@@ -63,7 +63,7 @@ pub(crate) fn grouped_type(t: GgmlDType) -> bool {
 pub(crate) fn tiled_dequant(w: &QTensor, dtype: DType) -> bool {
     let covered =
         matches!(w.shape().dims(), &[_, out, inp] if tiles_cover(w.dtype(), dtype, out, inp));
-    let off = std::env::var_os("GLMCHECK_DEQUANT_EXPERTS").is_some_and(|v| v == "batched");
+    let off = super::knobs::knobs().experts_are("batched");
     covered && !off
 }
 
@@ -92,9 +92,9 @@ pub(crate) const DENSE_TILED_TOKENS: usize = 32;
 /// [`DENSE_TILED_TOKENS`], or as `GLMCHECK_DENSE=decode` (never: decode whole, then cuBLAS, to
 /// cross-check) and `GLMCHECK_DENSE=tiled` (always, to measure) say.
 pub(crate) fn dense_on_tiles(t: usize) -> bool {
-    match std::env::var_os("GLMCHECK_DENSE") {
-        Some(v) if v == "decode" => false,
-        Some(v) if v == "tiled" => true,
+    match super::knobs::knobs().dense.as_deref() {
+        Some("decode") => false,
+        Some("tiled") => true,
         _ => t <= DENSE_TILED_TOKENS,
     }
 }
@@ -155,19 +155,17 @@ impl TiledKernel {
     /// Q4_K's byte permutes instead of the f16 decode) and `GLMCHECK_DEQUANT_TILE=8|16|32` (one
     /// launch at that tile width), kept to measure one against the other.
     pub fn from_env() -> TiledKernel {
-        match std::env::var_os("GLMCHECK_DEQUANT_EXPERTS") {
-            Some(v) if v == "smem" => return TiledKernel::Shared,
-            Some(v) if v == "one" => return TiledKernel::Registers(None),
-            Some(v) if v == "direct" => return TiledKernel::Direct(4),
-            Some(v) if v == "direct8" => return TiledKernel::Direct(8),
-            Some(v) if v == "directh" => return TiledKernel::DirectH16,
-            Some(v) if v == "runsb" => return TiledKernel::RunsBytes,
+        let k = super::knobs::knobs();
+        match k.dequant_experts.as_deref() {
+            Some("smem") => return TiledKernel::Shared,
+            Some("one") => return TiledKernel::Registers(None),
+            Some("direct") => return TiledKernel::Direct(4),
+            Some("direct8") => return TiledKernel::Direct(8),
+            Some("directh") => return TiledKernel::DirectH16,
+            Some("runsb") => return TiledKernel::RunsBytes,
             _ => {}
         }
-        std::env::var("GLMCHECK_DEQUANT_TILE")
-            .ok()
-            .and_then(|v| v.parse::<u8>().ok())
-            .filter(|t| matches!(t, 8 | 16 | 32))
+        k.dequant_tile
             .map_or(TiledKernel::Runs, |t| TiledKernel::Registers(Some(t)))
     }
 
@@ -504,7 +502,7 @@ pub fn skip_event_tracking(device: &candle_core::Device) {
     let candle_core::Device::Cuda(dev) = device else {
         return;
     };
-    if std::env::var_os("GLMCHECK_EVENT_TRACKING").is_some_and(|v| v == "on") {
+    if super::knobs::knobs().event_tracking {
         return;
     }
     // SAFETY: one stream per device (see above): no cross-stream use for the events to order.

@@ -92,9 +92,10 @@ pub(crate) enum Q8Kernel {
 
 impl Q8Kernel {
     fn from_env() -> Self {
-        match std::env::var_os("GLMCHECK_Q8_EXPERTS") {
-            Some(v) if v == "mmq" => Q8Kernel::Mmq,
-            _ => Q8Kernel::Int8,
+        if super::knobs::knobs().q8_experts_mmq {
+            Q8Kernel::Mmq
+        } else {
+            Q8Kernel::Int8
         }
     }
 
@@ -206,7 +207,7 @@ fn ds_layout(t: GgmlDType) -> i32 {
 /// bf16 to f32 too, as before the bf16 quantizer (the same blocks, one launch more per matmul: to
 /// measure the difference).
 pub(crate) fn q8_input(x: &Tensor) -> Result<Tensor> {
-    let cast = std::env::var_os("GLMCHECK_Q8_INPUT").is_some_and(|v| v == "f32");
+    let cast = super::knobs::knobs().q8_input_f32;
     if x.dtype() == DType::BF16 && !cast {
         x.contiguous()
     } else {
@@ -316,10 +317,7 @@ pub(crate) fn int8_tile(grouping_tile: usize, cap: Option<usize>) -> usize {
     if let Some(cap) = cap {
         return grouping_tile.min(cap);
     }
-    let fixed = std::env::var("GLMCHECK_Q8_TILE")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|w| [8, 16, 32].contains(w));
+    let fixed = super::knobs::knobs().q8_tile;
     fixed.unwrap_or(grouping_tile.min(EXPERT_TILE_MAX))
 }
 
@@ -567,8 +565,8 @@ pub(crate) const SMALL_GRID_BLOCKS: usize = 16;
 /// or nothing on wider grids (the dense MLP's down_proj, 96 blocks: 53 → 60). The same arithmetic
 /// as llama.cpp's MMQ (see `cuda/q8_moe.cu`). → f32 `[T, out]`.
 pub(crate) fn int8_dense(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
-    let choice = std::env::var_os("GLMCHECK_Q8_DENSE");
-    let is = |v: &str| choice.as_ref().is_some_and(|c| c == v);
+    let choice = super::knobs::knobs().q8_dense.as_deref();
+    let is = |v: &str| choice == Some(v);
     let t = x.dim(0)?;
     let (&[out, inp], candle_core::Device::Cuda(dev)) = (w.shape().dims(), x.device()) else {
         return Ok(None);
@@ -611,10 +609,8 @@ pub(crate) const DENSE_TILE_MAX: usize = 128;
 /// ([`tile_width_for`] one expert of `t` rows: 32 for 17–32 tokens, 64 for 33–64, 128 for 65–128,
 /// 64 for 150) up to [`DENSE_TILE_MAX`], or up to `GLMCHECK_Q8_DENSE_TILE=32|64|128` (to measure).
 pub(crate) fn dense_tile(t: usize) -> usize {
-    let cap = std::env::var("GLMCHECK_Q8_DENSE_TILE")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|w| [32, 64, 128].contains(w))
+    let cap = super::knobs::knobs()
+        .q8_dense_tile
         .unwrap_or(DENSE_TILE_MAX);
     tile_width_for(std::iter::once(t)).min(cap)
 }

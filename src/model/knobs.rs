@@ -1,0 +1,184 @@
+//! Every `GLMCHECK_*` environment setting the forward reads, in one place, each read once per
+//! process. They switch one implementation for another to measure them against each other (the
+//! defaults are the measured best, and every alternative has a test of its own); none changes what
+//! a comparison reports beyond its own rounding. [`TABLE`] names them with a line each; the README's
+//! table lists the same names (a test checks both ways), and no other file reads them.
+
+use std::sync::OnceLock;
+
+/// The settings as this process's environment gave them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Knobs {
+    /// `GLMCHECK_FUSED`: `off` candle's chains instead of the fused kernels, `no-norm` all but the
+    /// fused RMSNorm.
+    pub fused: Option<String>,
+    /// `GLMCHECK_COPY16=off`: candle's transpose copy and MLA's one-value-a-thread copies.
+    pub copy16_off: bool,
+    /// `GLMCHECK_INDEXER=always`: the DSA indexer computed even where nothing reads it.
+    pub indexer_always: bool,
+    /// `GLMCHECK_DENSE=decode|tiled`: every dense matmul decode-then-GEMM, or through the grouped
+    /// kernel's tiles, whatever the token count.
+    pub dense: Option<String>,
+    /// `GLMCHECK_DEQUANT_EXPERTS`: `batched` (decode-then-GEMM), `smem`, `one`, `direct`,
+    /// `direct8`, `directh`, `runsb` (another tiled kernel).
+    pub dequant_experts: Option<String>,
+    /// `GLMCHECK_DEQUANT_TILE=8|16|32`: one launch of the register kernel at that width.
+    pub dequant_tile: Option<u8>,
+    /// `GLMCHECK_Q8_EXPERTS=mmq`: candle's MMQ kernels for q8 mode's experts.
+    pub q8_experts_mmq: bool,
+    /// `GLMCHECK_Q8_INPUT=f32`: q8 mode casts bf16 inputs to f32 before quantizing them.
+    pub q8_input_f32: bool,
+    /// `GLMCHECK_Q8_TILE=8|16|32`: q8 mode's expert tile width.
+    pub q8_tile: Option<usize>,
+    /// `GLMCHECK_Q8_DENSE`: `candle` (candle's kernels), `wide` (the int8 kernel on wide grids too).
+    pub q8_dense: Option<String>,
+    /// `GLMCHECK_Q8_DENSE_TILE=32|64|128`: the widest int8 dense tile.
+    pub q8_dense_tile: Option<usize>,
+    /// `GLMCHECK_EVENT_TRACKING=on`: keep cudarc's per-allocation events.
+    pub event_tracking: bool,
+}
+
+/// Each setting's name and what it does, for `--help`-like listings and the README's table.
+pub const TABLE: &[(&str, &str)] = &[
+    ("GLMCHECK_FUSED", "off: candle's chains instead of the fused CUDA kernels; no-norm: all but the fused RMSNorm"),
+    ("GLMCHECK_COPY16", "off: candle's copies instead of the 16-byte ones (attention's output, MLA's keys/values)"),
+    ("GLMCHECK_INDEXER", "always: compute the DSA indexer even where nothing reads it (transformers' work)"),
+    ("GLMCHECK_DENSE", "decode / tiled: every dense matmul decode-then-GEMM, or through the grouped kernel"),
+    ("GLMCHECK_DEQUANT_EXPERTS", "batched / smem / one / direct / direct8 / directh / runsb: another experts kernel"),
+    ("GLMCHECK_DEQUANT_TILE", "8 / 16 / 32: the experts' register kernel in one launch at that width"),
+    ("GLMCHECK_Q8_EXPERTS", "mmq: candle's MMQ kernels for q8 mode's experts"),
+    ("GLMCHECK_Q8_INPUT", "f32: q8 mode casts bf16 inputs to f32 before quantizing them"),
+    ("GLMCHECK_Q8_TILE", "8 / 16 / 32: q8 mode's expert tile width"),
+    ("GLMCHECK_Q8_DENSE", "candle / wide: q8 mode's dense matmuls on candle's kernels, or int8 on wide grids too"),
+    ("GLMCHECK_Q8_DENSE_TILE", "32 / 64 / 128: the widest int8 dense tile"),
+    ("GLMCHECK_EVENT_TRACKING", "on: keep cudarc's per-allocation CUDA events"),
+    ("GLMCHECK_PEAK_RSS", "1: print the peak resident memory at exit (read by main)"),
+];
+
+impl Knobs {
+    /// The settings `var` gives (the environment, or a test's map).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Knobs {
+        let is = |name: &str, v: &str| var(name).is_some_and(|x| x == v);
+        let num = |name: &str, allowed: &[usize]| {
+            var(name)
+                .and_then(|v| v.parse::<usize>().ok())
+                .filter(|w| allowed.contains(w))
+        };
+        Knobs {
+            fused: var("GLMCHECK_FUSED"),
+            copy16_off: is("GLMCHECK_COPY16", "off"),
+            indexer_always: is("GLMCHECK_INDEXER", "always"),
+            dense: var("GLMCHECK_DENSE"),
+            dequant_experts: var("GLMCHECK_DEQUANT_EXPERTS"),
+            dequant_tile: num("GLMCHECK_DEQUANT_TILE", &[8, 16, 32]).map(|t| t as u8),
+            q8_experts_mmq: is("GLMCHECK_Q8_EXPERTS", "mmq"),
+            q8_input_f32: is("GLMCHECK_Q8_INPUT", "f32"),
+            q8_tile: num("GLMCHECK_Q8_TILE", &[8, 16, 32]),
+            q8_dense: var("GLMCHECK_Q8_DENSE"),
+            q8_dense_tile: num("GLMCHECK_Q8_DENSE_TILE", &[32, 64, 128]),
+            event_tracking: is("GLMCHECK_EVENT_TRACKING", "on"),
+        }
+    }
+
+    /// Whether `GLMCHECK_DEQUANT_EXPERTS` is `v`.
+    pub fn experts_are(&self, v: &str) -> bool {
+        self.dequant_experts.as_deref() == Some(v)
+    }
+}
+
+/// This process's settings (the environment, read on first use).
+pub fn knobs() -> &'static Knobs {
+    static K: OnceLock<Knobs> = OnceLock::new();
+    K.get_or_init(|| Knobs::from_vars(|n| std::env::var(n).ok()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unset_is_every_default_and_each_value_reads_as_documented() {
+        assert_eq!(Knobs::from_vars(|_| None), Knobs::default());
+        let set = |pairs: &'static [(&'static str, &'static str)]| {
+            Knobs::from_vars(move |n| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == n)
+                    .map(|(_, v)| v.to_string())
+            })
+        };
+        let k = set(&[
+            ("GLMCHECK_COPY16", "off"),
+            ("GLMCHECK_INDEXER", "always"),
+            ("GLMCHECK_DEQUANT_TILE", "16"),
+            ("GLMCHECK_Q8_TILE", "12"),
+            ("GLMCHECK_Q8_DENSE_TILE", "64"),
+            ("GLMCHECK_DEQUANT_EXPERTS", "smem"),
+        ]);
+        assert!(k.copy16_off && k.indexer_always && k.experts_are("smem"));
+        assert_eq!(
+            (k.dequant_tile, k.q8_tile, k.q8_dense_tile),
+            (Some(16), None, Some(64))
+        );
+        // any other value is the default
+        let k = set(&[("GLMCHECK_COPY16", "on"), ("GLMCHECK_INDEXER", "yes")]);
+        assert!(!k.copy16_off && !k.indexer_always);
+    }
+
+    /// Every `GLMCHECK_` name spelled in src/ is in [`TABLE`], and read nowhere but here (and
+    /// main's `GLMCHECK_PEAK_RSS`); the README's table lists exactly [`TABLE`]'s names.
+    #[test]
+    fn every_setting_is_in_the_table_the_readme_and_read_only_here() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let names: Vec<&str> = TABLE.iter().map(|(n, _)| *n).collect();
+        let mut stack = vec![root.join("src")];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).expect("src/ readable") {
+                let p = e.expect("entry").path();
+                if p.is_dir() {
+                    stack.push(p);
+                    continue;
+                }
+                if p.extension().is_none_or(|x| x != "rs") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&p).expect("source readable");
+                let file = p.strip_prefix(root).unwrap_or(&p).display().to_string();
+                for (i, _) in text.match_indices("GLMCHECK_") {
+                    let name: String = text[i..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                        .collect();
+                    assert!(
+                        name == "GLMCHECK_" || names.contains(&name.as_str()),
+                        "{file}: {name} is not in knobs::TABLE"
+                    );
+                }
+                let reads = text.contains("env::var(\"GLMCHECK_")
+                    || text.contains("env::var_os(\"GLMCHECK_");
+                let allowed = file.ends_with("knobs.rs") || file.ends_with("main.rs");
+                assert!(
+                    !reads || allowed,
+                    "{file} reads a GLMCHECK_ variable itself"
+                );
+            }
+        }
+        let readme = std::fs::read_to_string(root.join("README.md")).expect("README readable");
+        let table: Vec<&str> = readme
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `GLMCHECK_"))
+            .filter_map(|l| l.split('`').next())
+            .collect();
+        let mut want: Vec<String> = names
+            .iter()
+            .map(|n| n["GLMCHECK_".len()..].to_string())
+            .collect();
+        let mut got: Vec<String> = table.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        got.sort();
+        assert_eq!(
+            got, want,
+            "README's table of GLMCHECK_ settings against knobs::TABLE"
+        );
+    }
+}
