@@ -284,7 +284,7 @@ __global__ void glmcheck_mla_kv16_k(const uint4 * __restrict__ kv, const uint4 *
 
 template <typename T>
 int launch_mla_kv(const void * kv, const void * krot, void * key, void * value, int t, int heads, int nope, int rope,
-                  int v, bool pieces, cudaStream_t stream) {
+                  int v, bool pieces, int * took, cudaStream_t stream) {
     constexpr int S = (int) sizeof(T);
     const uintptr_t all = (uintptr_t) kv | (uintptr_t) krot | (uintptr_t) key | (uintptr_t) value;
     if (pieces && nope * S % 16 == 0 && rope * S % 16 == 0 && v * S % 16 == 0 && all % 16 == 0) {
@@ -294,6 +294,9 @@ int launch_mla_kv(const void * kv, const void * krot, void * key, void * value, 
         glmcheck_mla_kv16_k<<<(unsigned) blocks, 256, 0, stream>>>((const uint4 *) kv, (const uint4 *) krot,
                                                                    (uint4 *) key, (uint4 *) value, t, heads, np, rp,
                                                                    vp);
+        if (took) {
+            *took = 16;
+        }
         return cudaGetLastError() == cudaSuccess ? 0 : 3;
     }
     const long long n = (long long) heads * t * (nope + rope + v);
@@ -303,6 +306,9 @@ int launch_mla_kv(const void * kv, const void * krot, void * key, void * value, 
     }
     glmcheck_mla_kv_k<T><<<(unsigned) blocks, 256, 0, stream>>>((const T *) kv, (const T *) krot, (T *) key,
                                                                 (T *) value, t, heads, nope, rope, v);
+    if (took) {
+        *took = S;
+    }
     return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
 
@@ -393,18 +399,18 @@ extern "C" int glmcheck_token_sum(int dtype, const void * y, const float * w, co
 // pieces: the 16-byte copies where nope, rope and v fill whole pieces and the buffers sit on 16-byte
 // boundaries (else, and with 0, one value a thread; the same bits either way).
 extern "C" int glmcheck_mla_kv(int dtype, const void * kv, const void * krot, void * out, int t, int heads, int nope,
-                               int rope, int v, int pieces, void * stream) {
+                               int rope, int v, int pieces, int * took, void * stream) {
     if (t <= 0 || heads <= 0 || nope < 0 || rope < 0 || v <= 0 || nope + rope <= 0) {
         return 2;
     }
     const long long key_n = (long long) heads * t * (nope + rope);
     cudaStream_t st = (cudaStream_t) stream;
     switch (dtype) {
-    case 0: return launch_mla_kv<float>(kv, krot, out, (float *) out + key_n, t, heads, nope, rope, v, pieces, st);
-    case 1: return launch_mla_kv<half>(kv, krot, out, (half *) out + key_n, t, heads, nope, rope, v, pieces, st);
+    case 0: return launch_mla_kv<float>(kv, krot, out, (float *) out + key_n, t, heads, nope, rope, v, pieces, took, st);
+    case 1: return launch_mla_kv<half>(kv, krot, out, (half *) out + key_n, t, heads, nope, rope, v, pieces, took, st);
     case 2:
         return launch_mla_kv<__nv_bfloat16>(kv, krot, out, (__nv_bfloat16 *) out + key_n, t, heads, nope, rope, v,
-                                            pieces, st);
+                                            pieces, took, st);
     default: return 1;
     }
 }

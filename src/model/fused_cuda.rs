@@ -33,6 +33,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
 };
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use super::cuda_ffi::{alloc, check, code, i32_of, ptr, stream};
 
@@ -91,6 +92,7 @@ extern "C" {
         rope: i32,
         v: i32,
         pieces: i32,
+        took: *mut i32,
         stream: *mut std::ffi::c_void,
     ) -> i32;
     fn glmcheck_heads_to_tokens(
@@ -368,6 +370,7 @@ pub fn mla_kv(kv: &Tensor, k_rot: &Tensor, nope: usize) -> Result<Option<(Tensor
     let op = MlaKv {
         nope,
         pieces: copy16(),
+        took: AtomicI32::new(0),
     };
     let out = kv
         .contiguous()?
@@ -382,6 +385,9 @@ struct MlaKv {
     nope: usize,
     /// 16-byte copies where the split and the buffers allow (the launcher checks).
     pieces: bool,
+    /// The bytes each thread of the last launch copied at once (16, or the element's size): which
+    /// path the launcher took, for its device test.
+    took: AtomicI32,
 }
 
 impl CustomOp2 for MlaKv {
@@ -427,8 +433,13 @@ impl CustomOp2 for MlaKv {
         let ((kp, _gk), (rp, _gr), (op, go)) =
             (ptr(ks, k0, &st)?, ptr(rs, r0, &st)?, ptr(&out, 0, &st)?);
         let pieces = i32::from(self.pieces);
-        let rc =
-            unsafe { glmcheck_mla_kv(dtype, kp, rp, op, t32, h32, n32, r32, v32, pieces, raw) };
+        let mut took = 0i32;
+        let rc = unsafe {
+            glmcheck_mla_kv(
+                dtype, kp, rp, op, t32, h32, n32, r32, v32, pieces, &mut took, raw,
+            )
+        };
+        self.took.store(took, Ordering::Relaxed);
         drop(go);
         check("mla kv", rc)?;
         Ok((out, n.into()))

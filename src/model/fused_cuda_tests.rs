@@ -168,7 +168,11 @@ fn the_fused_mla_keys_and_values_equal_the_chain() -> Result<()> {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let kv = Tensor::randn(0f32, 1.0, (t, h, nope + v), &dev)?.to_dtype(dtype)?;
             let k_rot = Tensor::randn(0f32, 1.0, (t, rope), &dev)?.to_dtype(dtype)?;
-            let op = MlaKv { nope, pieces };
+            let op = MlaKv {
+                nope,
+                pieces,
+                took: AtomicI32::new(0),
+            };
             let out = kv.contiguous()?.apply_op2_no_bwd(&k_rot, &op)?;
             let key_n = h * t * (nope + rope);
             let key = out.narrow(0, 0, key_n)?.reshape((h, t, nope + rope))?;
@@ -186,6 +190,15 @@ fn the_fused_mla_keys_and_values_equal_the_chain() -> Result<()> {
             let case = format!("{t}x{h} {nope}|{rope}|{v} {dtype:?} pieces={pieces}");
             assert_eq!(differing(&key, &want_key)?, 0, "{case}: key");
             assert_eq!(differing(&value, &want_value)?, 0, "{case}: value");
+            // GLM-5's split (and the scaled one) in every dtype takes the 16-byte path when asked;
+            // the odd split, or not asked, one value a thread
+            let sixteen = pieces && (nope, rope, v) != (5, 3, 7);
+            let want_took = if sixteen {
+                16
+            } else {
+                dtype.size_in_bytes() as i32
+            };
+            assert_eq!(op.took.load(Ordering::Relaxed), want_took, "{case}: path");
         }
     }
     Ok(())
