@@ -211,8 +211,8 @@ phase_a() {
 }
 
 # glmcheck's timed forwards: --bench 5 for each matmul mode at 16 and 256 tokens, then each
-# GPU_BENCH_EXTRA entry ('NAME:VAR=V …', space-separated entries) as mode dequant_NAME under that
-# environment (e.g. 'always:GLMCHECK_INDEXER=always': transformers' work beside the default's, so
+# GPU_BENCH_EXTRA entry ('NAME:VAR=V[,VAR=V…]', entries separated by spaces, NAME in [a-z0-9]) as
+# mode dequant_NAME under that environment (e.g. 'always:GLMCHECK_INDEXER=always': transformers' work beside the default's, so
 # both ratios come from one call).
 glmcheck_benches() {
   local modes=(dequant q8)
@@ -224,11 +224,17 @@ glmcheck_benches() {
       GLMCHECK_PEAK_RSS=1 gstep "cuda-bf16-$m-$seq" 120 "$bin" forward "$model" --tokens "$toks" --device "$dev" \
         --dtype bf16 "${mm[@]}" --max-new-tokens 0 --bench 5 --json $(has_flag forward --profile && echo --profile)
     done
-    local extra name envs
-    for extra in ${GPU_BENCH_EXTRA:-}; do
-      name=${extra%%:*}; envs=${extra#*:}
-      # shellcheck disable=SC2086
-      GLMCHECK_PEAK_RSS=1 gstep "cuda-bf16-dequant_$name-$seq" 120 env ${envs//,/ } "$bin" forward "$model" \
+    [ "${modes[0]}" = default ] && continue   # a binary without --matmul: no extras
+    local extras extra name envs
+    read -ra extras <<< "${GPU_BENCH_EXTRA:-}"   # entries split on spaces, never globbed
+    for extra in "${extras[@]}"; do
+      name=${extra%%:*}; IFS=, read -ra envs <<< "${extra#*:}"
+      # the summary reads modes dequant_[a-z0-9]+; every environment entry VAR=V
+      if [[ $extra != *:* || ! $name =~ ^[a-z0-9]+$ ]] || printf '%s\n' "${envs[@]}" | grep -qv '^[A-Z0-9_]*='; then
+        echo "GPU_BENCH_EXTRA entry '$extra' skipped: NAME:VAR=V[,VAR=V…] with NAME in [a-z0-9]" >> "$out/times.txt"
+        continue
+      fi
+      GLMCHECK_PEAK_RSS=1 gstep "cuda-bf16-dequant_$name-$seq" 120 env "${envs[@]}" "$bin" forward "$model" \
         --tokens "$toks" --device "$dev" --dtype bf16 --matmul dequant --max-new-tokens 0 --bench 5 --json \
         $(has_flag forward --profile && echo --profile)
     done

@@ -17,9 +17,9 @@
 //!
 //! * [`heads_to_tokens`]: attention's `[H, T, v]` output as o_proj's `[T, H·v]` input: candle's
 //!   transpose copy walks a strided index per value (~40 µs per layer for GLM-5 at 256 tokens on
-//!   an H100, 0.4 TB/s); one launch of 16-byte pieces instead (a copy: the same bits). Opt-in
-//!   (`GLMCHECK_COPY16=on`, which also moves [`mla_kv`]'s copies 16 bytes a thread) until their
-//!   device tests have run on a GPU.
+//!   an H100, 0.4 TB/s); one launch of 16-byte pieces instead (a copy: the same bits). With
+//!   [`mla_kv`]'s 16-byte copies, the default since their device tests passed on an H100
+//!   (`GLMCHECK_COPY16=off`: candle's copies and one value a thread).
 //!
 //! * [`rms_norm`]: transformers' RMSNorm as `ops::RmsNorm` computes it op by op (f32 inside, the
 //!   normalised value rounded to the compute dtype before the weight multiplies it): ten launches

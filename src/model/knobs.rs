@@ -30,7 +30,8 @@ pub struct Knobs {
     pub q8_input_f32: bool,
     /// `GLMCHECK_Q8_TILE=8|16|32`: q8 mode's expert tile width.
     pub q8_tile: Option<usize>,
-    /// `GLMCHECK_Q8_DENSE`: `candle` (candle's kernels), `wide` (the int8 kernel on wide grids too).
+    /// `GLMCHECK_Q8_DENSE`: `candle` (candle's kernels), `all`, `splitk`, `narrow`, `wide` (the int8
+    /// kernel's grid and split-K rules changed; `q8_cuda::int8_dense`).
     pub q8_dense: Option<String>,
     /// `GLMCHECK_Q8_DENSE_TILE=32|64|128`: the widest int8 dense tile.
     pub q8_dense_tile: Option<usize>,
@@ -49,10 +50,10 @@ pub const TABLE: &[(&str, &str)] = &[
     ("GLMCHECK_Q8_EXPERTS", "mmq: candle's MMQ kernels for q8 mode's experts"),
     ("GLMCHECK_Q8_INPUT", "f32: q8 mode casts bf16 inputs to f32 before quantizing them"),
     ("GLMCHECK_Q8_TILE", "8 / 16 / 32: q8 mode's expert tile width"),
-    ("GLMCHECK_Q8_DENSE", "candle / wide: q8 mode's dense matmuls on candle's kernels, or int8 on wide grids too"),
+    ("GLMCHECK_Q8_DENSE", "candle / all / splitk / narrow / wide: q8 mode's dense matmuls on candle's kernels, or the int8 kernel's grid and split-K rules changed"),
     ("GLMCHECK_Q8_DENSE_TILE", "32 / 64 / 128: the widest int8 dense tile"),
     ("GLMCHECK_EVENT_TRACKING", "on: keep cudarc's per-allocation CUDA events"),
-    ("GLMCHECK_PEAK_RSS", "1: print the peak resident memory at exit (read by main)"),
+    ("GLMCHECK_PEAK_RSS", "any value: print the peak resident memory at exit (read by main)"),
 ];
 
 impl Knobs {
@@ -120,9 +121,34 @@ mod tests {
             (k.dequant_tile, k.q8_tile, k.q8_dense_tile),
             (Some(16), None, Some(64))
         );
+        let k = set(&[
+            ("GLMCHECK_FUSED", "no-norm"),
+            ("GLMCHECK_DENSE", "tiled"),
+            ("GLMCHECK_Q8_DENSE", "narrow"),
+            ("GLMCHECK_Q8_EXPERTS", "mmq"),
+            ("GLMCHECK_Q8_INPUT", "f32"),
+            ("GLMCHECK_EVENT_TRACKING", "on"),
+        ]);
+        assert_eq!(
+            (
+                k.fused.as_deref(),
+                k.dense.as_deref(),
+                k.q8_dense.as_deref()
+            ),
+            (Some("no-norm"), Some("tiled"), Some("narrow"))
+        );
+        assert!(k.q8_experts_mmq && k.q8_input_f32 && k.event_tracking);
         // any other value is the default
-        let k = set(&[("GLMCHECK_COPY16", "on"), ("GLMCHECK_INDEXER", "yes")]);
-        assert!(!k.copy16_off && !k.indexer_always);
+        let k = set(&[
+            ("GLMCHECK_COPY16", "on"),
+            ("GLMCHECK_INDEXER", "yes"),
+            ("GLMCHECK_Q8_EXPERTS", "int8"),
+            ("GLMCHECK_Q8_INPUT", "bf16"),
+            ("GLMCHECK_EVENT_TRACKING", "1"),
+            ("GLMCHECK_DEQUANT_TILE", "64"),
+        ]);
+        assert!(!k.copy16_off && !k.indexer_always && !k.q8_experts_mmq && !k.q8_input_f32);
+        assert!(!k.event_tracking && k.dequant_tile.is_none());
     }
 
     /// Every `GLMCHECK_` name spelled in src/ is in [`TABLE`], and read nowhere but here (and
@@ -163,22 +189,31 @@ mod tests {
                 );
             }
         }
+        // every name but main's is read by `from_vars` (a name nothing reads does not stay listed)
+        let here = std::fs::read_to_string(root.join("src/model/knobs.rs")).expect("readable");
+        let body = &here[here.find("pub fn from_vars").expect("from_vars")..];
+        let body = &body[..body.find("\n    }\n").expect("its end")];
+        for n in names.iter().filter(|n| **n != "GLMCHECK_PEAK_RSS") {
+            assert!(
+                body.contains(&format!("\"{n}\"")),
+                "{n} is listed but from_vars never reads it"
+            );
+        }
         let readme = std::fs::read_to_string(root.join("README.md")).expect("README readable");
-        let table: Vec<&str> = readme
+        let mut got: Vec<String> = readme
             .lines()
-            .filter_map(|l| l.strip_prefix("| `GLMCHECK_"))
-            .filter_map(|l| l.split('`').next())
+            .filter(|l| l.starts_with("| `GLMCHECK_"))
+            .map(str::to_string)
             .collect();
-        let mut want: Vec<String> = names
+        let mut want: Vec<String> = TABLE
             .iter()
-            .map(|n| n["GLMCHECK_".len()..].to_string())
+            .map(|(n, d)| format!("| `{n}` | {d} |"))
             .collect();
-        let mut got: Vec<String> = table.iter().map(|s| s.to_string()).collect();
         want.sort();
         got.sort();
         assert_eq!(
             got, want,
-            "README's table of GLMCHECK_ settings against knobs::TABLE"
+            "README's table of GLMCHECK_ settings against knobs::TABLE (names and text)"
         );
     }
 }
