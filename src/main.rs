@@ -113,6 +113,14 @@ fn run(cli: &Cli) -> anyhow::Result<Outcome> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     sample_anon_rss();
+    for (name, value, takes) in
+        glmcheck::model::knobs::unrecognised(glmcheck::model::knobs::env_var)
+    {
+        eprintln!(
+            "{}",
+            glmcheck::report::notes::setting_warning(name, &value, &takes)
+        );
+    }
     // Ctrl-C: remove the temp files of writes in flight (no partial report or dump is ever left).
     let _ = ctrlc::set_handler(|| {
         glmcheck::outputs::remove_pending();

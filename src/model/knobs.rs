@@ -39,9 +39,11 @@ pub struct Knobs {
     pub event_tracking: bool,
 }
 
-/// Each setting's name and what it does, for `--help`-like listings and the README's table.
+/// Each setting's name and what it does, for `--help`-like listings and the README's table. The
+/// text before the first `:` is the values it takes (` / ` between them; `any value`), which
+/// [`unrecognised`] checks and a test holds [`Knobs::from_vars`] to.
 pub const TABLE: &[(&str, &str)] = &[
-    ("GLMCHECK_FUSED", "off: candle's chains instead of the fused CUDA kernels; no-norm: all but the fused RMSNorm"),
+    ("GLMCHECK_FUSED", "off / no-norm: candle's chains instead of the fused CUDA kernels, or all but the fused RMSNorm"),
     ("GLMCHECK_COPY16", "off: candle's copies instead of the 16-byte ones (attention's output, MLA's keys/values)"),
     ("GLMCHECK_INDEXER", "always: compute the DSA indexer even where nothing reads it (transformers' work)"),
     ("GLMCHECK_DENSE", "decode / tiled: every dense matmul decode-then-GEMM, or through the grouped kernel"),
@@ -65,17 +67,25 @@ impl Knobs {
                 .and_then(|v| v.parse::<usize>().ok())
                 .filter(|w| allowed.contains(w))
         };
+        // a value its row lists, else unset (the default; `unrecognised` says so)
+        let one_of = |name: &str| {
+            let takes = TABLE
+                .iter()
+                .find(|(n, _)| *n == name)
+                .and_then(|&(_, doc)| documented_values(doc));
+            var(name).filter(|v| takes.is_some_and(|t| t.contains(&v.as_str())))
+        };
         Knobs {
-            fused: var("GLMCHECK_FUSED"),
+            fused: one_of("GLMCHECK_FUSED"),
             copy16_off: is("GLMCHECK_COPY16", "off"),
             indexer_always: is("GLMCHECK_INDEXER", "always"),
-            dense: var("GLMCHECK_DENSE"),
-            dequant_experts: var("GLMCHECK_DEQUANT_EXPERTS"),
+            dense: one_of("GLMCHECK_DENSE"),
+            dequant_experts: one_of("GLMCHECK_DEQUANT_EXPERTS"),
             dequant_tile: num("GLMCHECK_DEQUANT_TILE", &[8, 16, 32]).map(|t| t as u8),
             q8_experts_mmq: is("GLMCHECK_Q8_EXPERTS", "mmq"),
             q8_input_f32: is("GLMCHECK_Q8_INPUT", "f32"),
             q8_tile: num("GLMCHECK_Q8_TILE", &[8, 16, 32]),
-            q8_dense: var("GLMCHECK_Q8_DENSE"),
+            q8_dense: one_of("GLMCHECK_Q8_DENSE"),
             q8_dense_tile: num("GLMCHECK_Q8_DENSE_TILE", &[32, 64, 128]),
             event_tracking: is("GLMCHECK_EVENT_TRACKING", "on"),
         }
@@ -87,10 +97,36 @@ impl Knobs {
     }
 }
 
+/// The values `doc` (a [`TABLE`] row's text) says its setting takes; `None`: any value.
+fn documented_values(doc: &'static str) -> Option<Vec<&'static str>> {
+    let head = doc.split(':').next().unwrap_or_default();
+    (head != "any value").then(|| head.split(" / ").map(str::trim).collect())
+}
+
+/// The settings `var` gives a value that their row does not list (a typo such as
+/// `GLMCHECK_COPY16=of` would otherwise be the default without a word: a measurement of nothing):
+/// `(name, value, the values it takes)`, in [`TABLE`]'s order.
+pub fn unrecognised(
+    var: impl Fn(&str) -> Option<String>,
+) -> Vec<(&'static str, String, Vec<&'static str>)> {
+    TABLE
+        .iter()
+        .filter_map(|&(name, doc)| {
+            let (value, takes) = (var(name)?, documented_values(doc)?);
+            (!takes.contains(&value.as_str())).then_some((name, value, takes))
+        })
+        .collect()
+}
+
+/// `name` in this process's environment; set to nothing is unset (`VAR= cmd` in scripts).
+pub fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
 /// This process's settings (the environment, read on first use).
 pub fn knobs() -> &'static Knobs {
     static K: OnceLock<Knobs> = OnceLock::new();
-    K.get_or_init(|| Knobs::from_vars(|n| std::env::var(n).ok()))
+    K.get_or_init(|| Knobs::from_vars(env_var))
 }
 
 #[cfg(test)]
@@ -149,6 +185,39 @@ mod tests {
         ]);
         assert!(!k.copy16_off && !k.indexer_always && !k.q8_experts_mmq && !k.q8_input_f32);
         assert!(!k.event_tracking && k.dequant_tile.is_none());
+    }
+
+    /// Every value a row documents changes what `from_vars` reads (alone in the environment), and
+    /// is not flagged; a value no row documents reads as the default and is flagged.
+    #[test]
+    fn the_documented_values_are_the_values_read_and_others_are_flagged() {
+        for &(name, doc) in TABLE {
+            let Some(values) = documented_values(doc) else {
+                assert_eq!(
+                    name, "GLMCHECK_PEAK_RSS",
+                    "only main's setting takes any value"
+                );
+                continue;
+            };
+            for v in values.iter().copied().chain(["zzz"]) {
+                let var = |n: &str| (n == name).then(|| v.to_string());
+                let read = Knobs::from_vars(var);
+                let flagged = !unrecognised(var).is_empty();
+                if v == "zzz" {
+                    assert_eq!(read, Knobs::default(), "{name}={v} reads as the default");
+                    assert!(flagged, "{name}={v} is flagged");
+                } else {
+                    assert_ne!(read, Knobs::default(), "{name}={v} is read");
+                    assert!(!flagged, "{name}={v} is not flagged");
+                }
+            }
+        }
+        let found = unrecognised(|n| (n == "GLMCHECK_COPY16").then(|| "of".to_string()));
+        assert_eq!(
+            found,
+            vec![("GLMCHECK_COPY16", "of".to_string(), vec!["off"])]
+        );
+        assert!(unrecognised(|n| (n == "GLMCHECK_PEAK_RSS").then(|| "0".into())).is_empty());
     }
 
     /// Every `GLMCHECK_` name spelled in src/ is in [`TABLE`], and read nowhere but here (and

@@ -19,6 +19,14 @@ pub fn gguf_part_line(p: &GgufFile) -> String {
     )
 }
 
+/// Any command: a `GLMCHECK_*` setting with a value it does not take (its default is used).
+pub fn setting_warning(name: &str, value: &str, takes: &[&str]) -> String {
+    format!(
+        "glmcheck: warning: {name}={value:?} is not a value it takes ({}): its default is used",
+        takes.join(" / ")
+    )
+}
+
 /// `shards --against`: the dump holds another number of ranks than --tp.
 pub fn rank_count_warning(dir: &Path, dump_tp: usize, tp: usize) -> String {
     format!(
