@@ -95,6 +95,33 @@ fn version_help_and_completions() {
     let out = glmcheck(&["completions", "bash"]);
     assert_eq!(out.status.code(), Some(0));
     assert!(stdout(&out).contains("glmcheck"));
+    // `forward --help` names every environment setting; `-h` keeps to the examples
+    let long = stdout(&glmcheck(&["forward", "--help"]));
+    for (name, _) in glmcheck::model::knobs::TABLE {
+        assert!(long.contains(name), "forward --help lacks {name}");
+    }
+    let short = stdout(&glmcheck(&["forward", "-h"]));
+    assert!(short.contains("Examples:") && !short.contains("GLMCHECK_COPY16"));
+}
+
+/// A `GLMCHECK_*` setting given a value it does not take is a warning naming it and its values,
+/// and the command runs with the default.
+#[test]
+fn an_unlisted_setting_value_warns_and_runs() {
+    let path = gguf("tiny-Q8_0");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_glmcheck"))
+        .args(["inspect", path.to_str().unwrap()])
+        .env("GLMCHECK_COPY16", "of")
+        .env("GLMCHECK_INDEXER", "always")
+        .output()
+        .expect("run glmcheck");
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("GLMCHECK_COPY16=\"of\" is not a value it takes (off)"),
+        "{err}"
+    );
+    assert!(!err.contains("GLMCHECK_INDEXER"), "{err}");
 }
 
 /// Every special-token id llama.cpp writes is listed (cls and the FIM ids were missing).

@@ -19,18 +19,8 @@ use crate::report;
 use crate::tokenizer::GgufTokenizer;
 use crate::weights::Weights;
 
-/// Run GLM-5 from the GGUF on a prompt: tokens, top-5 next tokens, a greedy continuation, and
-/// (with --reference) where its activations part from a reference dump, module by module.
-///
-/// The forward follows transformers 5.23's GlmMoeDsaForCausalLM (MLA, DSA indexer, sigmoid
-/// router with group limit). With --reference, every captured module is compared with the
-/// reference's (rel-L2, cosine, max-abs), the indexer's top-k as sets with exact ties and
-/// near-ties told apart from divergence (at a tie the reference's choice is replayed so that
-/// later modules stay comparable), the logits by KL, top-1 agreement and entropy, and the first
-/// module above tolerance is named with its inputs' status and a reading. Tolerances depend on
-/// --dtype and the GGUF's coarsest weight type (measured on the fixtures); flags override them.
-#[derive(clap::Args, Debug)]
-#[command(after_help = "Examples:
+/// `forward -h`'s epilogue: examples, inputs, exit codes.
+const FORWARD_HELP: &str = "Examples:
   glmcheck forward fixtures/tiny/tiny-F32.gguf --prompt 'What is 2+2?'
   glmcheck forward fixtures/tiny/tiny-F32.gguf --tokens 294,266,220,17,10,17,30 --max-new-tokens 4
   P='What is 2+2? Please answer the question. The answer is'
@@ -48,7 +38,25 @@ use crate::weights::Weights;
 --prompt is tokenized with the GGUF's own tokenizer, nothing added (no [gMASK]<sop>; type it if
 wanted). With --reference the token ids must be the reference's (its `token_ids` metadata).
 
-Exit codes: 0 within tolerance (or no --reference), 1 diverged, 2 unreadable input or bad arguments.")]
+Exit codes: 0 within tolerance (or no --reference), 1 diverged, 2 unreadable input or bad arguments.";
+
+/// `forward --help`'s: the same, then the environment settings (`model::knobs`).
+fn forward_long_help() -> String {
+    format!("{FORWARD_HELP}\n\n{}", report::notes::settings_help())
+}
+
+/// Run GLM-5 from the GGUF on a prompt: tokens, top-5 next tokens, a greedy continuation, and
+/// (with --reference) where its activations part from a reference dump, module by module.
+///
+/// The forward follows transformers 5.23's GlmMoeDsaForCausalLM (MLA, DSA indexer, sigmoid
+/// router with group limit). With --reference, every captured module is compared with the
+/// reference's (rel-L2, cosine, max-abs), the indexer's top-k as sets with exact ties and
+/// near-ties told apart from divergence (at a tie the reference's choice is replayed so that
+/// later modules stay comparable), the logits by KL, top-1 agreement and entropy, and the first
+/// module above tolerance is named with its inputs' status and a reading. Tolerances depend on
+/// --dtype and the GGUF's coarsest weight type (measured on the fixtures); flags override them.
+#[derive(clap::Args, Debug)]
+#[command(after_help = FORWARD_HELP, after_long_help = forward_long_help())]
 pub struct ForwardArgs {
     /// The GGUF file (or any part of a split set).
     pub file: PathBuf,

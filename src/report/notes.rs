@@ -19,6 +19,18 @@ pub fn gguf_part_line(p: &GgufFile) -> String {
     )
 }
 
+/// `forward --help`: the environment settings, one line each (`model::knobs::TABLE`).
+pub fn settings_help() -> String {
+    let rows = crate::model::knobs::TABLE
+        .iter()
+        .map(|(name, doc)| format!("  {name}\n      {doc}"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    format!(
+        "Environment settings (measurement switches; each swaps one implementation for another, an\nunlisted value warns and the default is used):\n{rows}"
+    )
+}
+
 /// Any command: a `GLMCHECK_*` setting with a value it does not take (its default is used).
 pub fn setting_warning(name: &str, value: &str, takes: &[&str]) -> String {
     format!(
