@@ -704,8 +704,8 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         } else {
             __pipeline_wait_prior(0);
         }
-        // Everyone's copies of this step have landed; everyone is done with the other buffer and
-        // with the previous step's scales.
+        // Everyone's copies of this step have landed; everyone is done with the buffer the previous
+        // step read (the one staged next) and with its scales.
         __syncthreads();
         // Whether every addend of the step is exact (block-uniform): the one-FMA decode.
         bool fma1 = true;
@@ -1189,7 +1189,7 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 
 // Returns 0 when launched; 1: no kernel for the quant type or dtype (dtype 1 f16, 2 bf16); 2: a
 // shape the tiling does not cover (n_out % 64, k_in % 256, an empty or too large grid, a tile width
-// not 0, 8, 16 or 32) or a kernel code outside 0..5; 3: CUDA refused the launch. x: [*, k_in]
+// not 0, 8, 16 or 32) or a kernel code outside 0..7; 3: CUDA refused the launch. x: [*, k_in]
 // contiguous rows of the compute dtype (16-byte aligned rows); src: the x row of each grouped row
 // (null: grouped row j is x's row j);
 // zlist: the active experts (indices into bounds/experts) this launch covers, n_active of them

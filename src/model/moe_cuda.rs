@@ -186,8 +186,10 @@ impl TiledKernel {
             TiledKernel::DirectH16 => (4, 0),
             TiledKernel::RunsBytes => (5, 0),
             TiledKernel::Shared => (1, 0),
+            TiledKernel::Staged(3) => (6, 0),
             TiledKernel::Staged(4) => (7, 0),
-            TiledKernel::Staged(_) => (6, 0),
+            // no such kernel: the launcher refuses the code (an error, never another kernel)
+            TiledKernel::Staged(_) => (-1, 0),
         }
     }
 }
