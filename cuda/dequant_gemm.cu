@@ -674,13 +674,6 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         }
     }
     const int r0 = 16 * warp + g; // this lane's rows: r0 and r0 + 8
-    // ST > 0: the lane's tokens 8n + g (rows past the expert's read its first row's: never written)
-    const C * xrow[NT];
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-        const int s = src_row[8 * n + g];
-        xrow[n] = x + (long long) (s >= 0 ? s : src_row[0]) * k_in;
-    }
     if constexpr (ST > 0) {
 #pragma unroll
         for (int s = 0; s + 1 < ST; ++s) {
@@ -730,10 +723,13 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         const float * rs[2] = {rsc + r0 * RS, rsc + (r0 + 8) * RS};
         const int live = (nrows + 7) / 8;
         if constexpr (ST > 0) {
+            // the lane's tokens 8n + g at this step (rows past the expert's read its first row's:
+            // their outputs are never written)
             const uint8_t * xg[NT];
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
-                xg[n] = (const uint8_t *) (xrow[n] + (long long) step * KS);
+                const int s = src_row[8 * n + g];
+                xg[n] = (const uint8_t *) (x + (long long) (s >= 0 ? s : src_row[0]) * k_in + (long long) step * KS);
             }
             if constexpr (!H16 && (T == Q4_K || T == Q5_K)) {
                 if (!fma1) {
