@@ -36,7 +36,7 @@ fn heads_to_tokens_equals_candles_transpose_copy_bit_for_bit() -> Result<()> {
         (2, 3, 4),
     ] {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            let size = if dtype == DType::F32 { 4 } else { 2 };
+            let size = dtype.size_in_bytes();
             // one head more, then narrowed away: the input starts t·v values into its buffer
             let whole = Tensor::randn(0f32, 1.0, (h + 1, t, v), &dev)?.to_dtype(dtype)?;
             let x = whole.narrow(0, 1, h)?;

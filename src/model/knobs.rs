@@ -61,13 +61,8 @@ pub const TABLE: &[(&str, &str)] = &[
 impl Knobs {
     /// The settings `var` gives (the environment, or a test's map).
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Knobs {
-        let is = |name: &str, v: &str| var(name).is_some_and(|x| x == v);
-        let num = |name: &str, allowed: &[usize]| {
-            var(name)
-                .and_then(|v| v.parse::<usize>().ok())
-                .filter(|w| allowed.contains(w))
-        };
-        // a value its row lists, else unset (the default; `unrecognised` says so)
+        // a value its row lists, else unset (the default; `unrecognised` says so): the values a
+        // setting takes are its row's, nowhere else
         let one_of = |name: &str| {
             let takes = TABLE
                 .iter()
@@ -75,18 +70,20 @@ impl Knobs {
                 .and_then(|&(_, doc)| documented_values(doc));
             var(name).filter(|v| takes.is_some_and(|t| t.contains(&v.as_str())))
         };
+        let is = |name: &str, v: &str| one_of(name).is_some_and(|x| x == v);
+        let num = |name: &str| one_of(name).and_then(|v| v.parse::<usize>().ok());
         Knobs {
             fused: one_of("GLMCHECK_FUSED"),
             copy16_off: is("GLMCHECK_COPY16", "off"),
             indexer_always: is("GLMCHECK_INDEXER", "always"),
             dense: one_of("GLMCHECK_DENSE"),
             dequant_experts: one_of("GLMCHECK_DEQUANT_EXPERTS"),
-            dequant_tile: num("GLMCHECK_DEQUANT_TILE", &[8, 16, 32]).map(|t| t as u8),
+            dequant_tile: num("GLMCHECK_DEQUANT_TILE").and_then(|t| u8::try_from(t).ok()),
             q8_experts_mmq: is("GLMCHECK_Q8_EXPERTS", "mmq"),
             q8_input_f32: is("GLMCHECK_Q8_INPUT", "f32"),
-            q8_tile: num("GLMCHECK_Q8_TILE", &[8, 16, 32]),
+            q8_tile: num("GLMCHECK_Q8_TILE"),
             q8_dense: one_of("GLMCHECK_Q8_DENSE"),
-            q8_dense_tile: num("GLMCHECK_Q8_DENSE_TILE", &[32, 64, 128]),
+            q8_dense_tile: num("GLMCHECK_Q8_DENSE_TILE"),
             event_tracking: is("GLMCHECK_EVENT_TRACKING", "on"),
         }
     }
@@ -218,6 +215,9 @@ mod tests {
             vec![("GLMCHECK_COPY16", "of".to_string(), vec!["off"])]
         );
         assert!(unrecognised(|n| (n == "GLMCHECK_PEAK_RSS").then(|| "0".into())).is_empty());
+        // a number spelled otherwise than its row is flagged, so it must not be read either
+        let var = |n: &str| (n == "GLMCHECK_Q8_TILE").then(|| "08".to_string());
+        assert!(Knobs::from_vars(var).q8_tile.is_none() && !unrecognised(var).is_empty());
     }
 
     /// Every `GLMCHECK_` name spelled in src/ is in [`TABLE`], and read nowhere but here (and
