@@ -451,12 +451,9 @@ __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
 // are multiplied (a compile-time count: no branch between a chunk's MMAs, so the compiler
 // interleaves one chunk's decoding with the previous chunk's MMAs). FMA1: the one-FMA decode
 // (Q4_K/Q5_K only when dq_scales found every addend exact; the other types always).
-// GX: the tokens read from global memory (L2) at xg[n] (token 8n + g's step, bytes) instead of the
-// shared stage xb.
-template <int T, int NT, int LIVE, bool ALIGNED, bool FMA1, typename C, bool H16 = false, bool GX = false>
+template <int T, int NT, int LIVE, bool ALIGNED, bool FMA1, typename C, bool H16 = false>
 __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const float * const (&rs)[2],
-                                        const uint8_t * xb, int g, int t, float (&acc)[NT][4],
-                                        const uint8_t * const * xg = nullptr) {
+                                        const uint8_t * xb, int g, int t, float (&acc)[NT][4]) {
     // The lane's rows as aligned words and one funnel shift each (a row's misalignment is the same
     // for every word of the step): wd(h, off) is the word at byte off (a multiple of 4) of row h.
     const uint32_t * wb[2];
@@ -481,12 +478,7 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
                                pack2<C>(v[1][2], v[1][3])};
 #pragma unroll
         for (int n = 0; n < LIVE; ++n) {
-            uint2 bv;
-            if constexpr (GX) {
-                bv = __ldg((const uint2 *) (xg[n] + 2 * (k0 + 4 * t)));
-            } else {
-                bv = *(const uint2 *) (xb + (8 * n + g) * XPB + 2 * (k0 + 4 * t));
-            }
+            const uint2 bv = *(const uint2 *) (xb + (8 * n + g) * XPB + 2 * (k0 + 4 * t));
             mma_16816<C>(acc[n], a, bv.x, bv.y);
         }
     };
@@ -584,28 +576,24 @@ __device__ __forceinline__ void dq_step(const uint8_t * const (&b)[2], const flo
 }
 
 // dq_step with LIVE = live (1..L), the block-uniform count of 8-token groups that hold tokens.
-template <int T, int NT, bool ALIGNED, bool FMA1, typename C, bool H16 = false, int L = NT, bool GX = false>
+template <int T, int NT, bool ALIGNED, bool FMA1, typename C, bool H16 = false, int L = NT>
 __device__ __forceinline__ void dq_step_live(int live, const uint8_t * const (&b)[2], const float * const (&rs)[2],
-                                             const uint8_t * xb, int g, int t, float (&acc)[NT][4],
-                                             const uint8_t * const * xg = nullptr) {
+                                             const uint8_t * xb, int g, int t, float (&acc)[NT][4]) {
     if constexpr (L > 1) {
         if (live < L) {
-            dq_step_live<T, NT, ALIGNED, FMA1, C, H16, L - 1, GX>(live, b, rs, xb, g, t, acc, xg);
+            dq_step_live<T, NT, ALIGNED, FMA1, C, H16, L - 1>(live, b, rs, xb, g, t, acc);
             return;
         }
     }
-    dq_step<T, NT, L, ALIGNED, FMA1, C, H16, GX>(b, rs, xb, g, t, acc, xg);
+    dq_step<T, NT, L, ALIGNED, FMA1, C, H16>(b, rs, xb, g, t, acc);
 }
 
 // As glmcheck_dqmm: y[j] = W[experts[z]] · x[src[j]] for the grouped rows j of active expert z.
 // Grid: (row tiles of 8·NT, n_out / 64, active experts). Two copy stages: three (the next two
 // steps' copies in flight) were the same bits and slower, 2772 → 3003 µs for the 16-wide Q4_K
 // launches at 256 tokens on an H100 (a third buffer costs two resident blocks an SM;
-// reports/gpu-moe.md build AB; recoverable at e9aa729). ST > 0 (opt-in, to measure): ST stages of
-// the weights alone, the tokens read from L2 straight into the B fragments (build AD: the 16-wide
-// launches' time follows the bytes; a stage without the tokens' 8.7 KB leaves room for more of
-// them in flight).
-template <int T, int NT, bool ALIGNED, typename C, bool H16 = false, int ST = 0>
+// reports/gpu-moe.md build AB; recoverable at e9aa729).
+template <int T, int NT, bool ALIGNED, typename C, bool H16 = false>
 __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         const uint8_t * __restrict__ w, long long expert_bytes, long long row_bytes,
         const C * __restrict__ x, const int32_t * __restrict__ src,
@@ -621,11 +609,10 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
     const int n0 = blockIdx.y * BM;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 
-    // Shared memory: raw[2][BM][P] | xs[2][TN][XPB] (ST > 0: raw[ST][BM][P] alone).
-    constexpr int NB = ST > 0 ? ST : 2; // weight buffers
+    // Shared memory: raw[2][BM][P] | xs[2][TN][XPB].
     extern __shared__ __align__(16) uint8_t smem[];
     uint8_t * raw = smem;
-    uint8_t * xs = smem + NB * BM * P;
+    uint8_t * xs = smem + 2 * BM * P;
     __shared__ int src_row[TN];
     __shared__ __align__(8) float rsc[BM * RS];
     if (tid < TN) {
@@ -655,12 +642,10 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
                 }
             }
         }
-        if constexpr (ST == 0) {
-            for (int i = tid; i < nrows * (KS / 8); i += THREADS) {
-                const int r = i / (KS / 8), c = i % (KS / 8);
-                __pipeline_memcpy_async(xs + (buf * TN + r) * XPB + 16 * c,
-                                        x + (long long) src_row[r] * k_in + (long long) step * KS + 8 * c, 16);
-            }
+        for (int i = tid; i < nrows * (KS / 8); i += THREADS) {
+            const int r = i / (KS / 8), c = i % (KS / 8);
+            __pipeline_memcpy_async(xs + (buf * TN + r) * XPB + 16 * c,
+                                    x + (long long) src_row[r] * k_in + (long long) step * KS + 8 * c, 16);
         }
         __pipeline_commit();
     };
@@ -674,31 +659,16 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         }
     }
     const int r0 = 16 * warp + g; // this lane's rows: r0 and r0 + 8
-    if constexpr (ST > 0) {
-#pragma unroll
-        for (int s = 0; s + 1 < ST; ++s) {
-            if (s < steps) {
-                stage(s, s);
-            } else {
-                __pipeline_commit(); // an empty group: wait_prior's count stays the step's
-            }
-        }
-    } else {
-        stage(0, 0);
-    }
+    stage(0, 0);
     for (int step = 0; step < steps; ++step) {
-        const int buf = ST > 0 ? step % ST : step & 1;
+        const int buf = step & 1;
         auto blk = [&](int r) {
             const int mis = ALIGNED ? 0 : (int) ((uintptr_t) (wexp + r * row_bytes + (long long) step * B) & 15);
             return raw + (buf * BM + r) * P + mis;
         };
-        if constexpr (ST > 0) {
-            __pipeline_wait_prior(ST - 2);
-        } else {
-            __pipeline_wait_prior(0);
-        }
-        // Everyone's copies of this step have landed; everyone is done with the buffer the previous
-        // step read (the one staged next) and with its scales.
+        __pipeline_wait_prior(0);
+        // Everyone's copies of this step have landed; everyone is done with the other buffer and
+        // with the previous step's scales.
         __syncthreads();
         // Whether every addend of the step is exact (block-uniform): the one-FMA decode.
         bool fma1 = true;
@@ -708,38 +678,12 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         } else {
             fma1 = __syncthreads_and(dq_scales<T, ALIGNED>(blk, rsc, tid));
         }
-        if constexpr (ST > 0) {
-            // the buffer step - 1 used, which everyone is done with (the barrier above)
-            const int next = step + ST - 1;
-            if (next < steps) {
-                stage(next % ST, next);
-            } else {
-                __pipeline_commit();
-            }
-        } else if (step + 1 < steps) {
+        if (step + 1 < steps) {
             stage(buf ^ 1, step + 1);
         }
         const uint8_t * b[2] = {blk(r0), blk(r0 + 8)};
         const float * rs[2] = {rsc + r0 * RS, rsc + (r0 + 8) * RS};
         const int live = (nrows + 7) / 8;
-        if constexpr (ST > 0) {
-            // the lane's tokens 8n + g at this step (rows past the expert's read its first row's:
-            // their outputs are never written)
-            const uint8_t * xg[NT];
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-                const int s = src_row[8 * n + g];
-                xg[n] = (const uint8_t *) (x + (long long) (s >= 0 ? s : src_row[0]) * k_in + (long long) step * KS);
-            }
-            if constexpr (!H16 && (T == Q4_K || T == Q5_K)) {
-                if (!fma1) {
-                    dq_step_live<T, NT, ALIGNED, false, C, false, NT, true>(live, b, rs, nullptr, g, t, acc, xg);
-                    continue;
-                }
-            }
-            dq_step_live<T, NT, ALIGNED, true, C, H16, NT, true>(live, b, rs, nullptr, g, t, acc, xg);
-            continue;
-        }
         if constexpr (!H16 && (T == Q4_K || T == Q5_K)) { // the f16 decode has no fallback
             if (!fma1) {
                 dq_step_live<T, NT, ALIGNED, false, C>(live, b, rs, xs + buf * TN * XPB, g, t, acc);
@@ -760,12 +704,12 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
     }
 }
 
-template <int T, int NT, bool ALIGNED, typename C, bool H16 = false, int ST = 0>
+template <int T, int NT, bool ALIGNED, typename C, bool H16 = false>
 int launch_mma(const void * w, long long expert_bytes, long long row_bytes, const void * x, const int32_t * src,
                const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in, int n_active,
                int max_rows, cudaStream_t stream) {
-    const size_t shared = ST > 0 ? (size_t) ST * BM * raw_pitch(T) : 2 * (BM * raw_pitch(T) + 8 * NT * XPB);
-    auto kernel = glmcheck_dqmma<T, NT, ALIGNED, C, H16, ST>;
+    const size_t shared = 2 * (BM * raw_pitch(T) + 8 * NT * XPB);
+    auto kernel = glmcheck_dqmma<T, NT, ALIGNED, C, H16>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) shared) != cudaSuccess
         || cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                 (int) cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
@@ -778,14 +722,14 @@ int launch_mma(const void * w, long long expert_bytes, long long row_bytes, cons
 }
 
 // The register-decode kernel at tile width tn (8, 16 or 32 tokens; 0: by the busiest expert's rows).
-template <int T, bool ALIGNED, typename C, bool H16 = false, int ST = 0>
+template <int T, bool ALIGNED, typename C, bool H16 = false>
 int launch_mma_tn(int tn, const void * w, long long expert_bytes, long long row_bytes, const void * x,
                   const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y, int n_out, int k_in,
                   int n_active, int max_rows, cudaStream_t stream) {
     if (tn == 0) {
         tn = max_rows <= 8 ? 8 : max_rows <= 16 ? 16 : 32;
     }
-#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C, H16, ST>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
+#define GLMCHECK_DQMMA(N) launch_mma<T, N, ALIGNED, C, H16>(w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
                                                        n_out, k_in, n_active, max_rows, stream)
     switch (tn) {
         case 8: return GLMCHECK_DQMMA(1);
@@ -1099,11 +1043,11 @@ int launch_tn(const void * w, long long expert_bytes, long long row_bytes, const
 // The register-decode kernel for the types it covers (Q4_K with the f16 decode where h16, the byte
 // permutes otherwise; Q5_K, Q6_K, Q8_0), at tile width tn: launch_mma_tn's code, or -1 for a type
 // it does not cover (the shared-memory kernel's).
-template <typename C, int ST = 0>
+template <typename C>
 int launch_registers(int ggml_type, bool h16, bool aligned, int tn, const void * w, long long expert_bytes, long long row_bytes,
                      const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist,
                      void * y, int n_out, int k_in, int n_active, int max_rows, cudaStream_t stream) {
-#define GLMCHECK_MMA(Q, A, H) launch_mma_tn<Q, A, C, H, ST>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
+#define GLMCHECK_MMA(Q, A, H) launch_mma_tn<Q, A, C, H>(tn, w, expert_bytes, row_bytes, x, src, bounds, experts, zlist, y, \
                                                         n_out, k_in, n_active, max_rows, stream)
     switch (ggml_type) {
         case Q4_K:
@@ -1146,17 +1090,6 @@ int launch_type(int ggml_type, int kernel, int tn, const void * w, long long exp
     // math-pipe throttle the second stall reason) and the f16 decode moves its work to the FMA
     // pipe. For Q6_K (a 6-bit q assembled from two places) it compiled to more integer work than
     // the permutes. Kernel 5: the byte permutes for Q4_K too (the earlier default, kept to compare).
-    // Kernels 6 / 7: the register kernel with 3 / 4 weight-only stages, the tokens from L2 (opt-in).
-    if (kernel == 6 || kernel == 7) {
-        const int r = kernel == 6
-            ? launch_registers<C, 3>(ggml_type, true, aligned, tn, w, expert_bytes, row_bytes, x, src, bounds, experts,
-                                     zlist, y, n_out, k_in, n_active, max_rows, stream)
-            : launch_registers<C, 4>(ggml_type, true, aligned, tn, w, expert_bytes, row_bytes, x, src, bounds, experts,
-                                     zlist, y, n_out, k_in, n_active, max_rows, stream);
-        if (r >= 0) {
-            return r;
-        }
-    }
     if (kernel != 1) {
         const int r = launch_registers<C>(ggml_type, kernel != 5, aligned, tn, w, expert_bytes, row_bytes, x, src, bounds,
                                           experts, zlist, y, n_out, k_in, n_active, max_rows, stream);
@@ -1185,7 +1118,7 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 
 // Returns 0 when launched; 1: no kernel for the quant type or dtype (dtype 1 f16, 2 bf16); 2: a
 // shape the tiling does not cover (n_out % 64, k_in % 256, an empty or too large grid, a tile width
-// not 0, 8, 16 or 32) or a kernel code outside 0..7; 3: CUDA refused the launch. x: [*, k_in]
+// not 0, 8, 16 or 32) or a kernel code outside 0..5; 3: CUDA refused the launch. x: [*, k_in]
 // contiguous rows of the compute dtype (16-byte aligned rows); src: the x row of each grouped row
 // (null: grouped row j is x's row j);
 // zlist: the active experts (indices into bounds/experts) this launch covers, n_active of them
@@ -1196,14 +1129,12 @@ extern "C" int glmcheck_dequant_matmul_type(int ggml_type) { return bytes_256(gg
 // block) for Q4_K stacks on 16-byte aligned rows, the register-decode kernel for the rest; kernel 4:
 // kernel 2 with the f16 decode of Q4_K. The register kernel decodes Q4_K with the f16 decode
 // (H16) except for kernel 5, which keeps the byte permutes of the one-FMA decode for every type.
-// Kernels 6 / 7: the register kernel with 3 / 4 stages of the weights alone, the tokens read from
-// L2 into the MMA fragments (opt-in, to measure).
 extern "C" int glmcheck_dequant_matmul(
         int ggml_type, int dtype, int kernel, int tn, const void * w, long long expert_bytes, long long row_bytes,
         const void * x, const int32_t * src, const int32_t * bounds, const int32_t * experts, const int32_t * zlist, void * y,
         int n_out, int k_in, int n_active, int max_rows, void * stream) {
     if (n_out % BM != 0 || k_in % KS != 0 || n_active <= 0 || n_active > 65535 || max_rows <= 0
-        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || kernel < 0 || kernel > 7) {
+        || (max_rows + 7) / 8 > 65535 || n_out / BM > 65535 || kernel < 0 || kernel > 5) {
         return 2;
     }
     const cudaStream_t s = (cudaStream_t) stream;

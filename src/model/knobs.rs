@@ -20,7 +20,7 @@ pub struct Knobs {
     /// kernel's tiles, whatever the token count.
     pub dense: Option<String>,
     /// `GLMCHECK_DEQUANT_EXPERTS`: `batched` (decode-then-GEMM), `smem`, `one`, `direct`,
-    /// `direct8`, `directh`, `runsb`, `l2s3`, `l2s4` (another tiled kernel).
+    /// `direct8`, `directh`, `runsb` (another tiled kernel).
     pub dequant_experts: Option<String>,
     /// `GLMCHECK_DEQUANT_TILE=8|16|32`: one launch of the register kernel at that width.
     pub dequant_tile: Option<u8>,
@@ -47,7 +47,7 @@ pub const TABLE: &[(&str, &str)] = &[
     ("GLMCHECK_COPY16", "off: candle's copies instead of the 16-byte ones (attention's output, MLA's keys/values)"),
     ("GLMCHECK_INDEXER", "always: compute the DSA indexer even where nothing reads it (transformers' work)"),
     ("GLMCHECK_DENSE", "decode / tiled: every dense matmul decode-then-GEMM, or through the grouped kernel"),
-    ("GLMCHECK_DEQUANT_EXPERTS", "batched / smem / one / direct / direct8 / directh / runsb / l2s3 / l2s4: another experts kernel"),
+    ("GLMCHECK_DEQUANT_EXPERTS", "batched / smem / one / direct / direct8 / directh / runsb: another experts kernel"),
     ("GLMCHECK_DEQUANT_TILE", "8 / 16 / 32: the experts' register kernel in one launch at that width"),
     ("GLMCHECK_Q8_EXPERTS", "mmq: candle's MMQ kernels for q8 mode's experts"),
     ("GLMCHECK_Q8_INPUT", "f32: q8 mode casts bf16 inputs to f32 before quantizing them"),

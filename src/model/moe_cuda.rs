@@ -136,10 +136,7 @@ pub(crate) fn dense_tiled(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
 /// every block (no addend to test), half the integer-pipe work of the byte permutes. The register
 /// kernel decodes Q4_K that way too (its default since 2026-12-07: the same bits, the 16-wide Q4_K
 /// launches ~8 % faster on an H100, `reports/gpu-moe.md` build Z); `RunsBytes`: the tile runs with
-/// the byte permutes for Q4_K as well (the earlier default, kept to compare). `Staged(s)` (3 or 4,
-/// opt-in, not yet measured): the tile runs on the register kernel with `s` stages of the weights
-/// alone, the tokens read from L2 straight into the MMA fragments (the same values, summed in the
-/// same order: the same bits as `Runs`).
+/// the byte permutes for Q4_K as well (the earlier default, kept to compare).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TiledKernel {
     Registers(Option<u8>),
@@ -148,7 +145,6 @@ pub enum TiledKernel {
     DirectH16,
     RunsBytes,
     Shared,
-    Staged(u8),
 }
 
 impl TiledKernel {
@@ -157,8 +153,7 @@ impl TiledKernel {
     /// tile), `GLMCHECK_DEQUANT_EXPERTS=direct|direct8|directh` (the tile runs on the direct-load
     /// kernel with 4 or 8 warps a block, or 4 with the f16 decode), `=runsb` (the tile runs with
     /// Q4_K's byte permutes instead of the f16 decode) and `GLMCHECK_DEQUANT_TILE=8|16|32` (one
-    /// launch at that tile width), `=l2s3|l2s4` (the tile runs with 3 or 4 weight-only stages, the
-    /// tokens from L2), kept to measure one against the other.
+    /// launch at that tile width), kept to measure one against the other.
     pub fn from_env() -> TiledKernel {
         let k = super::knobs::knobs();
         match k.dequant_experts.as_deref() {
@@ -168,8 +163,6 @@ impl TiledKernel {
             Some("direct8") => return TiledKernel::Direct(8),
             Some("directh") => return TiledKernel::DirectH16,
             Some("runsb") => return TiledKernel::RunsBytes,
-            Some("l2s3") => return TiledKernel::Staged(3),
-            Some("l2s4") => return TiledKernel::Staged(4),
             _ => {}
         }
         k.dequant_tile
@@ -186,10 +179,6 @@ impl TiledKernel {
             TiledKernel::DirectH16 => (4, 0),
             TiledKernel::RunsBytes => (5, 0),
             TiledKernel::Shared => (1, 0),
-            TiledKernel::Staged(3) => (6, 0),
-            TiledKernel::Staged(4) => (7, 0),
-            // no such kernel: the launcher refuses the code (an error, never another kernel)
-            TiledKernel::Staged(_) => (-1, 0),
         }
     }
 }
@@ -319,8 +308,7 @@ impl DequantMatmul<'_> {
             TiledKernel::Runs
             | TiledKernel::Direct(_)
             | TiledKernel::DirectH16
-            | TiledKernel::RunsBytes
-            | TiledKernel::Staged(_) => g
+            | TiledKernel::RunsBytes => g
                 .tile_runs(32)
                 .into_iter()
                 .map(|r| {

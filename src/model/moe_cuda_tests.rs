@@ -44,9 +44,8 @@ const TILED_TYPES: [GgmlDType; 6] = [
 
 /// Both tiled kernels, the register kernel at each tile width, by the cost model and in tile runs,
 /// and the direct-load kernel (Q4_K) with 4 and 8 warps a block in tile runs; both with the f16 decode
-/// (the register kernel by default), the register kernel with the byte permutes for Q4_K too, and
-/// with 3 and 4 weight-only stages (the tokens from L2).
-const TILED_KERNELS: [TiledKernel; 12] = [
+/// (the register kernel by default), the register kernel with the byte permutes for Q4_K too.
+const TILED_KERNELS: [TiledKernel; 10] = [
     TiledKernel::Registers(None),
     TiledKernel::Runs,
     TiledKernel::Direct(4),
@@ -57,8 +56,6 @@ const TILED_KERNELS: [TiledKernel; 12] = [
     TiledKernel::Registers(Some(16)),
     TiledKernel::Registers(Some(32)),
     TiledKernel::Shared,
-    TiledKernel::Staged(3),
-    TiledKernel::Staged(4),
 ];
 
 /// The routing of `t` tokens over `e` experts, two slots each: token i → experts i % e and
