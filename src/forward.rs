@@ -251,6 +251,63 @@ pub struct Bench {
     /// execution order of first appearance; the device is synchronized after every module, so
     /// the sum exceeds an unprofiled forward.
     pub profile: Option<Vec<ModuleTime>>,
+    /// With `--profile`: one more forward, not synchronized, marked at module boundaries.
+    pub timeline: Option<Timeline>,
+}
+
+/// A forward cut at module boundaries without synchronizing it: each mark's host time (when the
+/// host had enqueued the module) and, on CUDA, its GPU time (an event on the device's stream:
+/// when the GPU had done it). The GPU can reach a mark only after the host enqueued it; where it
+/// reaches it just after, it had been waiting for the host's launches (or a host synchronization).
+#[derive(Debug, Clone, Serialize)]
+pub struct Timeline {
+    /// Host time until the forward returned (ms), its work enqueued.
+    pub host_ms: f64,
+    /// Time until the device had done the forward (ms): the last event on CUDA, the host's on CPU.
+    pub total_ms: f64,
+    /// Whether `gpu_ms` comes from CUDA events (false on CPU: the host's time is the work's).
+    pub gpu_events: bool,
+    pub marks: Vec<TimelineMark>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TimelineMark {
+    pub module: String,
+    pub host_ms: f64,
+    pub gpu_ms: Option<f64>,
+}
+
+/// A mark the GPU reached within `within_ms` of the host enqueueing it, with the GPU time since
+/// the previous mark: a stretch whose pace the host set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostPaced {
+    pub module: String,
+    pub lead_ms: f64,
+    pub stretch_ms: f64,
+}
+
+/// How close behind the host the GPU reaches a mark for the stretch before it to count as set by
+/// the host's pace (a launch takes the GPU a few µs to start).
+pub const HOST_PACED_MS: f64 = 0.05;
+
+impl Timeline {
+    /// The marks the GPU reached less than `within_ms` after the host enqueued them (CUDA only).
+    pub fn host_paced(&self, within_ms: f64) -> Vec<HostPaced> {
+        let mut prev = 0.0;
+        let mut out = Vec::new();
+        for m in &self.marks {
+            let Some(g) = m.gpu_ms else { continue };
+            if g - m.host_ms < within_ms {
+                out.push(HostPaced {
+                    module: m.module.clone(),
+                    lead_ms: g - m.host_ms,
+                    stretch_ms: g - prev,
+                });
+            }
+            prev = g;
+        }
+        out
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -290,12 +347,91 @@ fn bench(
     } else {
         None
     };
+    let timeline = if profile.is_some() {
+        Some(timeline(model, tokens)?)
+    } else {
+        None
+    };
     Ok(Some(Bench {
         runs: n,
         best_ms: times[0],
         median_ms: times[n / 2],
         profile,
+        timeline,
     }))
+}
+
+/// One forward of `tokens` marked at [`crate::model::names::order::timeline_mark`]'s module
+/// boundaries, the device synchronized only before it and after it.
+fn timeline(model: &Glm5, tokens: &[u32]) -> Result<Timeline, ForwardError> {
+    let device = model.device();
+    device.synchronize().map_err(ForwardError::from)?;
+    let clock = crate::model::clock::EventClock::new(device, 128).map_err(ForwardError::from)?;
+    let mut sink = Marks {
+        clock,
+        start: std::time::Instant::now(),
+        marks: Vec::new(),
+    };
+    if let Some(c) = sink.clock.as_mut() {
+        c.mark().map_err(ForwardError::from)?;
+    }
+    sink.start = std::time::Instant::now();
+    model.forward(tokens, &mut sink)?;
+    let host_ms = sink.start.elapsed().as_secs_f64() * 1e3;
+    let gpu = match sink.clock.as_mut() {
+        Some(c) => {
+            c.mark().map_err(ForwardError::from)?;
+            true
+        }
+        None => false,
+    };
+    device.synchronize().map_err(ForwardError::from)?;
+    let end_host = sink.start.elapsed().as_secs_f64() * 1e3;
+    let times = match sink.clock.take() {
+        Some(c) => c.read().map_err(ForwardError::from)?,
+        None => Vec::new(),
+    };
+    // times[0] is the origin, times[i + 1] mark i's, the last one the forward's end.
+    let mut marks = sink.marks;
+    for (i, m) in marks.iter_mut().enumerate() {
+        m.gpu_ms = times.get(i + 1).copied();
+    }
+    let total_ms = if gpu {
+        times.last().copied().unwrap_or(end_host)
+    } else {
+        end_host
+    };
+    Ok(Timeline {
+        host_ms,
+        total_ms,
+        gpu_events: gpu,
+        marks,
+    })
+}
+
+/// The timeline's sink: a host time and (CUDA) an event at each mark.
+struct Marks {
+    clock: Option<crate::model::clock::EventClock>,
+    start: std::time::Instant,
+    marks: Vec<TimelineMark>,
+}
+
+impl crate::model::Capture for Marks {
+    fn wants(&self, path: &str) -> bool {
+        crate::model::names::order::timeline_mark(path)
+    }
+
+    fn capture(&mut self, path: &str, _t: &candle_core::Tensor) -> candle_core::Result<()> {
+        if let Some(c) = self.clock.as_mut() {
+            c.mark()?;
+        }
+        self.marks.push(TimelineMark {
+            module: path.to_string(),
+            host_ms: self.start.elapsed().as_secs_f64() * 1e3,
+            gpu_ms: None,
+        });
+        Ok(())
+    }
 }
 
 /// Times each module: synchronizes the device at every capture point and charges the time since
@@ -444,4 +580,43 @@ pub fn run(
         comparison,
         capture,
     })
+}
+
+#[cfg(test)]
+mod timeline_tests {
+    use super::*;
+
+    fn mark(module: &str, host_ms: f64, gpu_ms: f64) -> TimelineMark {
+        TimelineMark {
+            module: module.into(),
+            host_ms,
+            gpu_ms: Some(gpu_ms),
+        }
+    }
+
+    #[test]
+    fn host_paced_marks_are_those_the_gpu_reached_just_behind_the_host() {
+        let t = Timeline {
+            host_ms: 3.0,
+            total_ms: 9.0,
+            gpu_events: true,
+            marks: vec![
+                // The GPU far behind the host: its own pace.
+                mark("a", 0.1, 2.0),
+                // Reached 20 µs after the host enqueued it (after a synchronization): host-paced.
+                mark("b", 2.5, 2.52),
+                mark("c", 2.6, 6.0),
+                mark("d", 2.9, 8.99),
+            ],
+        };
+        let p = t.host_paced(HOST_PACED_MS);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].module, "b");
+        assert!((p[0].stretch_ms - 0.52).abs() < 1e-9);
+        assert!((p[0].lead_ms - 0.02).abs() < 1e-9);
+        // No device clock: nothing to say.
+        let mut cpu = t.clone();
+        cpu.marks.iter_mut().for_each(|m| m.gpu_ms = None);
+        assert!(cpu.host_paced(HOST_PACED_MS).is_empty());
+    }
 }

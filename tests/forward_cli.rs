@@ -1057,3 +1057,39 @@ fn the_indexer_runs_where_it_is_read_or_can_change_the_output() {
         eprintln!("{n} tokens (every key selected: {selects_all}): the same logits three ways");
     }
 }
+
+#[test]
+fn the_profiles_timeline_marks_module_boundaries_in_order_without_the_indexer() {
+    let (model, wc) = load("tiny-Q8_0", ComputeDtype::F32, DsaMode::Sparse);
+    // 6 tokens ≤ index_topk (8): the timed forwards skip the indexer, so must the timeline's.
+    let ids = [1u32, 7, 42, 99, 5, 300];
+    let mut s = spec(ComputeDtype::F32, wc, 0);
+    s.bench = 1;
+    s.profile = true;
+    let out = forward::run(&model, None, &ids, None, &s).expect("run");
+    let t = out
+        .bench
+        .and_then(|b| b.timeline)
+        .expect("--profile gives a timeline");
+    assert!(!t.gpu_events, "a CPU forward has no device clock");
+    let marks: Vec<&str> = t.marks.iter().map(|m| m.module.as_str()).collect();
+    // Every mark is a capture of the full forward, in its order.
+    let all: Vec<&str> = out.capture.order.iter().map(String::as_str).collect();
+    let mut at = 0;
+    for m in &marks {
+        let found = all[at..].iter().position(|k| k == m);
+        assert!(found.is_some(), "{m} out of order or not a capture");
+        at += found.unwrap_or(0) + 1;
+    }
+    assert!(marks.iter().all(|m| !m.contains("indexer")), "{marks:?}");
+    for l in 0..3 {
+        for within in ["self_attn", "mlp", "input_layernorm"] {
+            let key = format!("model.layers.{l}.{within}");
+            assert!(marks.contains(&key.as_str()), "{key} missing: {marks:?}");
+        }
+    }
+    assert_eq!(marks.first(), Some(&"model.embed_tokens"));
+    assert_eq!(marks.last(), Some(&"lm_head"));
+    assert!(t.marks.windows(2).all(|w| w[0].host_ms <= w[1].host_ms));
+    assert!(t.host_ms >= t.marks.last().map_or(0.0, |m| m.host_ms));
+}

@@ -106,7 +106,8 @@ pub struct ForwardArgs {
     /// With --bench: one more forward with the device synchronized after every module, its time
     /// split by module kind ("bench.profile" in --json). That forward captures every module, so
     /// it runs the DSA indexer where the timed forwards skip it (prompts up to index_topk, where
-    /// the top-k is every key).
+    /// the top-k is every key). Then one more, not synchronized, marked at module boundaries
+    /// (CUDA events): where the GPU waited on the host ("bench.timeline").
     #[arg(long, requires = "bench")]
     pub profile: bool,
     /// Simulate vLLM tensor parallel over N ranks (each rank its column/row-parallel shards,

@@ -14,6 +14,7 @@
 pub mod attention;
 pub mod behaviour;
 pub mod capture;
+pub mod clock;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_ffi;
 #[cfg(test)]

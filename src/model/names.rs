@@ -140,6 +140,41 @@ pub(crate) mod order {
     /// After the last decoder layer (exact keys, `model.norm` also as a prefix).
     pub const ROOT_AFTER: &[&str] = &["model.norm", "model", "lm_head", "logits"];
 
+    /// The marks of `forward --profile`'s timeline: module outputs handed on as they are (no
+    /// capture-only cast or gather), none of them an indexer's (wanting one would run the indexer
+    /// where the timed forwards skip it) — inside a layer, and before / after the layers.
+    pub const TIMELINE_LAYER: &[&str] = &[
+        "input_layernorm",
+        "self_attn.q_a_proj",
+        "self_attn.q_b_proj",
+        "self_attn.kv_a_proj_with_mqa",
+        "self_attn.kv_b_proj",
+        "self_attn.o_proj",
+        "self_attn",
+        "post_attention_layernorm",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+        "mlp.gate",
+        "mlp.experts",
+        "mlp.shared_experts",
+        "mlp",
+        "",
+    ];
+    pub const TIMELINE_ROOT: &[&str] = &["model.embed_tokens", "model.norm", "lm_head"];
+
+    /// Whether `key` is one of the timeline's marks.
+    pub(crate) fn timeline_mark(key: &str) -> bool {
+        if TIMELINE_ROOT.contains(&key) {
+            return true;
+        }
+        let Some(rest) = key.strip_prefix("model.layers.") else {
+            return false;
+        };
+        let (n, within) = rest.split_once('.').unwrap_or((rest, ""));
+        n.parse::<usize>().is_ok() && TIMELINE_LAYER.contains(&within)
+    }
+
     /// A sort key in that order: (part, layer, position in the part). Keys outside it sort last.
     pub(crate) fn rank(key: &str) -> (usize, usize, usize) {
         let within = |rest: &str, e: &str| {
@@ -392,6 +427,35 @@ mod tests {
         }
         // Every table entry is used by the model.
         assert_eq!(seen.len(), glm_dsa::HF_TABLE.len());
+    }
+
+    #[test]
+    fn timeline_marks_are_captures_and_none_is_an_indexers() {
+        for e in order::LAYER {
+            let key = if e.is_empty() {
+                "model.layers.4".to_string()
+            } else {
+                format!("model.layers.4.{e}")
+            };
+            let want = order::TIMELINE_LAYER.contains(e);
+            assert_eq!(order::timeline_mark(&key), want, "{key}");
+            // Wanting an indexer output would run the indexer the timed forward skips.
+            assert!(!(want && e.contains("indexer")), "{key}");
+        }
+        // Every mark is a capture point of the forward.
+        assert!(order::TIMELINE_LAYER
+            .iter()
+            .all(|e| order::LAYER.contains(e)));
+        let root = |k: &&str| order::ROOT_BEFORE.contains(k) || order::ROOT_AFTER.contains(k);
+        assert!(order::TIMELINE_ROOT.iter().all(root));
+        for k in [
+            "model.layers.x.mlp",
+            "model.layers.2.mlp.experts.act_fn",
+            "logits",
+            "model",
+        ] {
+            assert!(!order::timeline_mark(k), "{k}");
+        }
     }
 
     #[test]

@@ -39,6 +39,45 @@ fn bench_text(b: &crate::forward::Bench) -> String {
             ));
         }
     }
+    if let Some(t) = &b.timeline {
+        out.push_str(&timeline_text(t));
+    }
+    out
+}
+
+/// The unsynchronized forward's marks: where the GPU waited on the host.
+fn timeline_text(t: &crate::forward::Timeline) -> String {
+    if !t.gpu_events {
+        return format!(
+            "timeline (one more forward, {} marks; on the CPU the host does the work, no device clock): {:.2} ms\n",
+            t.marks.len(),
+            t.total_ms
+        );
+    }
+    let paced = t.host_paced(crate::forward::HOST_PACED_MS);
+    let paced_ms: f64 = paced.iter().map(|p| p.stretch_ms).sum();
+    let mut out = format!(
+        "timeline (one more forward, not synchronized; CUDA events at {} module boundaries): \
+         the GPU done at {:.2} ms, its work all enqueued by {:.2} ms on the host\n  \
+         the GPU reached {} of the marks within {:.0} µs of their launch (waiting on the host, or \
+         on a host synchronization): {:.2} ms of GPU time in the stretches before them\n",
+        t.marks.len(),
+        t.total_ms,
+        t.host_ms,
+        paced.len(),
+        crate::forward::HOST_PACED_MS * 1e3,
+        paced_ms
+    );
+    let mut by_stretch: Vec<_> = paced.iter().collect();
+    by_stretch.sort_by(|a, b| b.stretch_ms.total_cmp(&a.stretch_ms));
+    for p in by_stretch.iter().take(8) {
+        out.push_str(&format!(
+            "  {:>8.3} ms up to {} ({:.0} µs behind the host)\n",
+            p.stretch_ms,
+            p.module,
+            p.lead_ms * 1e3
+        ));
+    }
     out
 }
 
