@@ -58,24 +58,25 @@ impl EventClock {
     }
 
     /// Waits for every mark and gives each one's time after the first, in ms (the first is 0).
+    #[cfg(feature = "cuda")]
     pub fn read(self) -> Result<Vec<f64>> {
-        #[cfg(feature = "cuda")]
-        {
-            let Some(first) = self.marks.first() else {
-                return Ok(Vec::new());
-            };
-            return self
-                .marks
-                .iter()
-                .map(|m| {
-                    first
-                        .elapsed_ms(m)
-                        .map(f64::from)
-                        .map_err(candle_core::Error::wrap)
-                })
-                .collect();
-        }
-        #[cfg(not(feature = "cuda"))]
+        let Some(first) = self.marks.first() else {
+            return Ok(Vec::new());
+        };
+        self.marks
+            .iter()
+            .map(|m| {
+                first
+                    .elapsed_ms(m)
+                    .map(f64::from)
+                    .map_err(candle_core::Error::wrap)
+            })
+            .collect()
+    }
+
+    /// Off CUDA there are no marks.
+    #[cfg(not(feature = "cuda"))]
+    pub fn read(self) -> Result<Vec<f64>> {
         Ok(Vec::new())
     }
 }
