@@ -443,6 +443,10 @@ struct Profiler<'d> {
 }
 
 impl crate::model::Capture for Profiler<'_> {
+    fn times_modules(&self) -> bool {
+        true
+    }
+
     fn wants(&self, path: &str) -> bool {
         // The per-expert act_fn captures cost a host sync and gathers of their own.
         !path.contains(".experts.act_fn")

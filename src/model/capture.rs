@@ -18,6 +18,13 @@ pub trait Capture {
         true
     }
 
+    /// Whether the sink times modules by synchronizing the device at each capture: the forward
+    /// then enqueues every module's work before its capture and nothing of a later module's (a
+    /// MoE layer otherwise enqueues its shared expert before its routed experts).
+    fn times_modules(&self) -> bool {
+        false
+    }
+
     /// One module output.
     fn capture(&mut self, path: &str, tensor: &Tensor) -> Result<()>;
 

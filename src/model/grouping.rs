@@ -30,11 +30,23 @@ pub struct Grouping {
 
 impl Grouping {
     pub fn new(indices: &Tensor, n_experts: usize) -> Result<Self> {
-        let k = indices.dim(1)?;
+        let (_, k) = indices.dims2()?;
+        let ids = indices.flatten_all()?.to_vec1::<u32>()?;
+        Self::from_host(&ids, k, n_experts, indices.device())
+    }
+
+    /// The grouping of the router's choices `ids` (`[T, k]` row-major, read to the host), its
+    /// table on `device`.
+    pub fn from_host(
+        ids: &[u32],
+        k: usize,
+        n_experts: usize,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
         let mut by_expert = Vec::new();
         let (mut tokens, mut slots, mut bounds, mut experts) =
             (Vec::new(), Vec::new(), vec![0u32], Vec::new());
-        for (e, list) in routed_rows(indices, n_experts)?.into_iter().enumerate() {
+        for (e, list) in routed_rows(ids, k, n_experts)?.into_iter().enumerate() {
             if list.is_empty() {
                 continue;
             }
@@ -45,7 +57,7 @@ impl Grouping {
             experts.push(e as u32);
             by_expert.push(flat);
         }
-        let rows = indices.dim(0)? * k;
+        let rows = ids.len();
         let mut by_size: Vec<u32> = (0..by_expert.len() as u32).collect();
         by_size.sort_by_key(|&z| by_expert[z as usize].len());
         let mut table = tokens;
@@ -55,7 +67,7 @@ impl Grouping {
         table.extend(by_size);
         let n = table.len();
         Ok(Grouping {
-            table: Tensor::from_vec(table, n, indices.device())?,
+            table: Tensor::from_vec(table, n, device)?,
             rows,
             by_expert,
         })
@@ -216,13 +228,12 @@ impl Grouping {
     }
 }
 
-/// The router's choices `[T, k]` (U32) by expert: for each of `n_experts` experts, its
-/// (token, flat index token·k + slot into the routing weights), tokens ascending.
-pub(crate) fn routed_rows(indices: &Tensor, n_experts: usize) -> Result<Vec<Vec<(u32, u32)>>> {
-    let ids = indices.to_vec2::<u32>()?;
-    let k = ids.first().map_or(0, Vec::len);
+/// The router's choices `ids` (`[T, k]` row-major, on the host) by expert: for each of
+/// `n_experts` experts, its (token, flat index token·k + slot into the routing weights), tokens
+/// ascending.
+pub(crate) fn routed_rows(ids: &[u32], k: usize, n_experts: usize) -> Result<Vec<Vec<(u32, u32)>>> {
     let mut per_expert: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n_experts];
-    for (tok, row) in ids.iter().enumerate() {
+    for (tok, row) in ids.chunks(k.max(1)).enumerate() {
         for (slot, &e) in row.iter().enumerate() {
             let list = per_expert.get_mut(e as usize).ok_or_else(|| {
                 candle_core::Error::Msg(format!("router chose expert {e} of {n_experts}"))

@@ -22,6 +22,7 @@ pub(crate) mod fma_decode_tests;
 #[cfg(feature = "cuda")]
 pub(crate) mod fused_cuda;
 pub mod grouping;
+pub mod host_ids;
 pub mod indexer;
 pub mod knobs;
 pub mod layer;

@@ -9,6 +9,7 @@ use candle_core::{DType, Result, Tensor, D};
 
 use super::capture::{emit, emit_with, Capture};
 use super::grouping::routed_rows;
+use super::host_ids::HostIds;
 use super::linear::{Blocks, Linear, MatmulMode};
 use super::mlp::Mlp;
 use super::names::SwiGluPaths;
@@ -241,12 +242,20 @@ impl Experts {
     /// `x` `[T, hidden]` → `Σ_k w_k · expert_{id_k}(x)` `[T, hidden]`.
     ///
     /// Like transformers' eager loop: experts in ascending id order, each on the tokens that chose
-    /// it, results accumulated in that order. The routing is read back to the host to build the
-    /// per-expert token lists (a device sync, no host math). `act_fn` of the n-th expert that got
-    /// tokens is captured as `experts.act_fn#n` with its rows in ascending token order.
+    /// it, results accumulated in that order. `ids` is the routing on its way to the host
+    /// ([`HostIds`], started by the caller), from which the per-expert token lists are built.
+    /// `act_fn` of the n-th expert that got tokens is captured as `experts.act_fn#n` with its rows
+    /// in ascending token order.
     /// transformers' rows follow `torch.where` over `[slot, token]`, i.e. slot-major with slots in
     /// `topk(sorted=False)` order, which depends on torch's top-k internals; compare per token.
-    pub fn forward(&self, x: &Tensor, r: &Routing, capture: &mut dyn Capture) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        r: &Routing,
+        ids: HostIds,
+        capture: &mut dyn Capture,
+    ) -> Result<Tensor> {
+        let (ids, k) = ids.wait()?;
         #[cfg(feature = "cuda")]
         if let (
             ExpertStack::Stacked { q: g, mode, .. },
@@ -254,22 +263,24 @@ impl Experts {
             ExpertStack::Stacked { q: d, .. },
         ) = (&self.gate, &self.up, &self.down)
         {
+            let grouping =
+                super::grouping::Grouping::from_host(&ids, k, self.gate.len()?, x.device())?;
             return match mode {
-                MatmulMode::Q8 => self.fused([g, u, d], x, r, capture),
+                MatmulMode::Q8 => self.fused([g, u, d], x, r, &grouping, capture),
                 MatmulMode::Dequant => {
                     if [g, u, d]
                         .iter()
                         .all(|q| super::moe_cuda::tiled_dequant(q, x.dtype()))
                     {
-                        self.tiled([g, u, d], x, r, capture)
+                        self.tiled([g, u, d], x, r, &grouping, capture)
                     } else {
-                        self.batched([g, u, d], x, r, capture)
+                        self.batched([g, u, d], x, r, &grouping, capture)
                     }
                 }
             };
         }
         let (t, hidden) = x.dims2()?;
-        let per_expert = routed_rows(&r.indices, self.gate.len()?)?;
+        let per_expert = routed_rows(&ids, k, self.gate.len()?)?;
         let act_path = sub(&self.path, conv::ACT);
         let (mut tokens_all, mut slots_all, mut contribs) = (Vec::new(), Vec::new(), Vec::new());
         let mut hit = 0;
@@ -341,11 +352,11 @@ impl Experts {
         [g, u, d]: [&Arc<QTensor>; 3],
         x: &Tensor,
         r: &Routing,
+        grouping: &super::grouping::Grouping,
         capture: &mut dyn Capture,
     ) -> Result<Tensor> {
         let (t, hidden) = x.dims2()?;
         let xq = super::q8_cuda::q8_input(x)?; // [T, hidden], bf16 or f32
-        let grouping = super::grouping::Grouping::new(&r.indices, self.gate.len()?)?;
         let act = grouping.matmul(g, &xq, true)?.silu()?; // [T·k, inter]
         let up = grouping.matmul(u, &xq, true)?;
         let y = grouping.matmul(d, &(&act * up)?, false)?; // [T·k, hidden]
@@ -386,19 +397,19 @@ impl Experts {
         [g, u, d]: [&Arc<QTensor>; 3],
         x: &Tensor,
         r: &Routing,
+        grouping: &super::grouping::Grouping,
         capture: &mut dyn Capture,
     ) -> Result<Tensor> {
         let t = x.dim(0)?;
-        let grouping = super::grouping::Grouping::new(&r.indices, self.gate.len()?)?;
         let x = x.contiguous()?;
         let act = grouping.dequant_matmul(g, &x, true)?.silu()?; // [R, inter], grouped order
         let up = grouping.dequant_matmul(u, &x, true)?;
         let y = grouping.dequant_matmul(d, &(&act * up)?, false)?; // [R, hidden]
         let act_path = sub(&self.path, conv::ACT);
         if capture.wants(&nth_call(&act_path, 0)) {
-            emit_grouped_acts(capture, &act_path, &grouping, &act)?;
+            emit_grouped_acts(capture, &act_path, grouping, &act)?;
         }
-        grouped_sum(t, &grouping, &y, &r.weights)
+        grouped_sum(t, grouping, &y, &r.weights)
     }
 }
 
@@ -420,12 +431,12 @@ impl Experts {
         [g, u, d]: [&Arc<QTensor>; 3],
         x: &Tensor,
         r: &Routing,
+        grouping: &super::grouping::Grouping,
         capture: &mut dyn Capture,
     ) -> Result<Tensor> {
         let (t, hidden) = x.dims2()?;
         let (dtype, dev) = (x.dtype(), x.device());
         let k = r.indices.dim(1)?;
-        let grouping = super::grouping::Grouping::new(&r.indices, self.gate.len()?)?;
         let widest = [g, u, d]
             .iter()
             .map(|q| q.shape().elem_count() / q.shape().dims().first().map_or(1, |&e| e.max(1)))
@@ -460,9 +471,9 @@ impl Experts {
             return Tensor::zeros((t, hidden), dtype, dev);
         }
         if wants_act {
-            emit_grouped_acts(capture, &act_path, &grouping, &Tensor::cat(&acts, 0)?)?;
+            emit_grouped_acts(capture, &act_path, grouping, &Tensor::cat(&acts, 0)?)?;
         }
-        grouped_sum(t, &grouping, &Tensor::cat(&ys, 0)?, &r.weights)
+        grouped_sum(t, grouping, &Tensor::cat(&ys, 0)?, &r.weights)
     }
 }
 
@@ -542,8 +553,14 @@ impl Moe {
     }
 
     /// `[T, hidden]` → routed experts + shared experts `[T, hidden]`.
+    ///
+    /// The routing starts on its way to the host right after the router, and the shared expert
+    /// (which needs none) is enqueued before the experts wait for it ([`HostIds`]): the GPU
+    /// computes the shared expert while the host groups the tokens. Its captures are handed on
+    /// after the experts', in transformers' order.
     pub fn forward(&self, x: &Tensor, capture: &mut dyn Capture) -> Result<Tensor> {
         let r = self.router.forward(x)?;
+        let ids = HostIds::start(&r.indices)?;
         let gate = &self.router.path;
         emit(capture, gate, &r.logits)?;
         emit(capture, &sub(gate, "1"), &r.weights)?;
@@ -552,11 +569,49 @@ impl Moe {
         emit_with(capture, &sub(gate, conv::TOPK_INDICES), || {
             r.indices.to_dtype(DType::I64)
         })?;
-        let routed = self.experts.forward(x, &r, capture)?;
-        emit(capture, &self.experts.path, &routed)?;
-        let shared = self.shared.forward(x, capture)?;
+        let (routed, shared) = if capture.times_modules() {
+            let routed = self.experts.forward(x, &r, ids, capture)?;
+            emit(capture, &self.experts.path, &routed)?;
+            (routed, self.shared.forward(x, capture)?)
+        } else {
+            let mut later = Later::new(capture);
+            let shared = self.shared.forward(x, &mut later)?;
+            let later = later.entries;
+            let routed = self.experts.forward(x, &r, ids, capture)?;
+            emit(capture, &self.experts.path, &routed)?;
+            for (path, t) in later {
+                capture.capture(&path, &t)?;
+            }
+            (routed, shared)
+        };
         let y = (routed + shared)?;
         emit(capture, &self.path, &y)?;
         Ok(y)
+    }
+}
+
+/// Keeps the captures a sink wants, to hand them on later in their order.
+struct Later<'c> {
+    sink: &'c dyn Capture,
+    entries: Vec<(String, Tensor)>,
+}
+
+impl<'c> Later<'c> {
+    fn new(sink: &'c dyn Capture) -> Self {
+        Later {
+            sink,
+            entries: Vec::new(),
+        }
+    }
+}
+
+impl Capture for Later<'_> {
+    fn wants(&self, path: &str) -> bool {
+        self.sink.wants(path)
+    }
+
+    fn capture(&mut self, path: &str, tensor: &Tensor) -> Result<()> {
+        self.entries.push((path.to_string(), tensor.clone()));
+        Ok(())
     }
 }

@@ -534,3 +534,35 @@ fn the_bf16_quantizer_gives_the_f32_casts_bits() -> Result<()> {
     }
     Ok(())
 }
+
+/// The routing read ahead (`host_ids`: an asynchronous copy into page-locked memory, waited for
+/// by its own event) gives what a synchronous read gives: from a view that starts inside its
+/// storage, with later work still queued behind the copy, with the buffer reused for a shorter
+/// and then a longer read (past the first buffer's size: a new one).
+#[test]
+fn the_routing_read_ahead_equals_the_synchronous_read() -> Result<()> {
+    let Ok(dev) = Device::new_cuda(0) else {
+        return Ok(());
+    };
+    let busy = Tensor::randn(0f32, 1.0, (2048, 2048), &dev)?;
+    for (t, k) in [(256usize, 8usize), (16, 8), (5, 1), (9000, 8)] {
+        let n = (t * k) as u32;
+        // [2t, k] on the device, its second half: a view at offset t·k.
+        let ids = Tensor::arange_step(0u32, 6 * n, 3, &dev)?
+            .reshape((2 * t, k))?
+            .narrow(0, t, t)?;
+        let ahead = crate::model::host_ids::HostIds::start(&ids)?;
+        // Work queued behind the copy; the wait must not need it done.
+        let mut y = busy.clone();
+        for _ in 0..4 {
+            y = y.matmul(&busy)?;
+        }
+        let (got, got_k) = ahead.wait()?;
+        let want = ids.flatten_all()?.to_vec1::<u32>()?;
+        assert_eq!(got_k, k);
+        assert_eq!(got, want, "{t} tokens × {k}");
+        assert_eq!(got.first().copied(), Some(3 * n));
+        drop(y);
+    }
+    Ok(())
+}
