@@ -278,12 +278,15 @@ pub struct TimelineMark {
 }
 
 /// A mark the GPU reached within `within_ms` of the host enqueueing it, with the GPU time since
-/// the previous mark: a stretch whose pace the host set.
+/// the previous mark: a stretch whose pace the host set. `idle_ms` bounds the GPU's idle time
+/// in it from above: how long after the GPU had done the previous stretch the host was still
+/// enqueueing this one (once all of it is enqueued the GPU runs it without a pause).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostPaced {
     pub module: String,
     pub lead_ms: f64,
     pub stretch_ms: f64,
+    pub idle_ms: f64,
 }
 
 /// How close behind the host the GPU reaches a mark for the stretch before it to count as set by
@@ -302,11 +305,26 @@ impl Timeline {
                     module: m.module.clone(),
                     lead_ms: g - m.host_ms,
                     stretch_ms: g - prev,
+                    idle_ms: (m.host_ms - prev).max(0.0),
                 });
             }
             prev = g;
         }
         out
+    }
+
+    /// An upper bound on the GPU's idle time in the whole forward (CUDA only): over every
+    /// stretch, how long after the GPU had done the previous one the host was still enqueueing
+    /// it (launch latencies aside), and after the last mark until the forward returned.
+    pub fn idle_bound_ms(&self) -> Option<f64> {
+        let mut prev = 0.0;
+        let mut idle = 0.0;
+        for m in &self.marks {
+            let g = m.gpu_ms?;
+            idle += (m.host_ms - prev).max(0.0);
+            prev = g;
+        }
+        Some(idle + (self.host_ms - prev).max(0.0))
     }
 }
 
@@ -366,7 +384,11 @@ fn bench(
 fn timeline(model: &Glm5, tokens: &[u32]) -> Result<Timeline, ForwardError> {
     let device = model.device();
     device.synchronize().map_err(ForwardError::from)?;
-    let clock = crate::model::clock::EventClock::new(device, 128).map_err(ForwardError::from)?;
+    // Every event created ahead: creating one is a driver call the host would pay between launches.
+    let marks = model.layers().len() * crate::model::names::order::TIMELINE_LAYER.len()
+        + crate::model::names::order::TIMELINE_ROOT.len()
+        + 2;
+    let clock = crate::model::clock::EventClock::new(device, marks).map_err(ForwardError::from)?;
     let mut sink = Marks {
         clock,
         start: std::time::Instant::now(),
@@ -417,6 +439,10 @@ struct Marks {
 }
 
 impl crate::model::Capture for Marks {
+    fn in_transformers_order(&self) -> bool {
+        false
+    }
+
     fn wants(&self, path: &str) -> bool {
         crate::model::names::order::timeline_mark(path)
     }
@@ -618,9 +644,16 @@ mod timeline_tests {
         assert_eq!(p[0].module, "b");
         assert!((p[0].stretch_ms - 0.52).abs() < 1e-9);
         assert!((p[0].lead_ms - 0.02).abs() < 1e-9);
+        // "b" enqueued by 2.5 ms, the GPU done with "a" at 2.0: at most 0.5 ms idle.
+        assert!((p[0].idle_ms - 0.5).abs() < 1e-9);
+        // a 0.1 (from the origin) + b 0.5 + c 0.08 (enqueued by 2.6, the GPU done with b at
+        // 2.52); d enqueued before the GPU got there; the end (host 3.0) before its last mark.
+        let idle = t.idle_bound_ms().unwrap_or(f64::NAN);
+        assert!((idle - 0.68).abs() < 1e-9, "{idle}");
         // No device clock: nothing to say.
         let mut cpu = t.clone();
         cpu.marks.iter_mut().for_each(|m| m.gpu_ms = None);
         assert!(cpu.host_paced(HOST_PACED_MS).is_empty());
+        assert!(cpu.idle_bound_ms().is_none());
     }
 }

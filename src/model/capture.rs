@@ -25,6 +25,12 @@ pub trait Capture {
         false
     }
 
+    /// Whether the sink takes the captures in transformers' order (dumps and comparisons do).
+    /// `false`: as the work is enqueued (the timeline's marks, which time that work).
+    fn in_transformers_order(&self) -> bool {
+        true
+    }
+
     /// One module output.
     fn capture(&mut self, path: &str, tensor: &Tensor) -> Result<()>;
 

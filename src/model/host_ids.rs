@@ -6,7 +6,9 @@
 //! with an event behind it; the layer then enqueues its shared expert (which needs no routing)
 //! and only then waits for the event, so the GPU computes the shared expert while the host
 //! groups. Same values, same kernels: only the order in which the two independent halves of the
-//! layer are enqueued differs. `GLMCHECK_ROUTING=sync` reads them the old way.
+//! layer are enqueued differs. `GLMCHECK_ROUTING=sync` keeps the old schedule (`Moe::forward`).
+//! The copy and its wait use the device's stream from the forward's host thread (candle's CUDA
+//! device is the per-thread default stream).
 
 use candle_core::{Result, Tensor};
 
@@ -24,12 +26,12 @@ enum State {
 }
 
 impl HostIds {
-    /// Starts reading `ids` `[T, k]` (U32): on CUDA an asynchronous copy enqueued now (unless
-    /// `GLMCHECK_ROUTING=sync`), elsewhere the values themselves.
+    /// Starts reading `ids` `[T, k]` (U32): on CUDA an asynchronous copy enqueued now, elsewhere
+    /// the values themselves.
     pub fn start(ids: &Tensor) -> Result<Self> {
         let (_, k) = ids.dims2()?;
         #[cfg(feature = "cuda")]
-        if ids.device().is_cuda() && !super::knobs::knobs().routing_sync {
+        if ids.device().is_cuda() {
             return Ok(Self {
                 k,
                 state: State::Pending(cuda::Pending::start(ids)?),
@@ -94,8 +96,10 @@ mod cuda {
         drop(spare);
         // At least 64 Ki values (256 KB): one buffer serves every later layer and prompt of up
         // to 8192 tokens of top-8.
+        // Not write-combined (cudarc's `alloc_pinned`): the host reads this memory, and reads of
+        // write-combined memory bypass the caches.
         // SAFETY: only the values a copy wrote are read (`wait`).
-        let host = unsafe { ctx.alloc_pinned::<u32>(n.max(1 << 16)) }
+        let host = unsafe { ctx.alloc_pinned_with_flags::<u32>(n.max(1 << 16), 0) }
             .map_err(wrap("page-locked buffer"))?;
         let done = ctx.new_event(None).map_err(wrap("event"))?;
         Ok(Buffer { host, done })
@@ -124,7 +128,11 @@ mod cuda {
                 result::memcpy_dtoh_async(dst, src_ptr, stream.cu_stream())
                     .map_err(wrap("copy"))?;
             }
-            buf.done.record(&stream).map_err(wrap("event"))?;
+            if let Err(e) = buf.done.record(&stream) {
+                // Nothing marks the copy's end: wait for it before the buffer can be freed.
+                let _ = stream.synchronize();
+                return Err(wrap("event")(e));
+            }
             Ok(Pending { buf: Some(buf), n })
         }
 
@@ -147,7 +155,10 @@ mod cuda {
             // A copy never waited for (an error in between): wait for it before the buffer is
             // freed.
             if let Some(buf) = self.buf.take() {
-                let _ = buf.done.synchronize();
+                if buf.done.synchronize().is_err() {
+                    // The copy may still be writing into it: never freed (a failed context).
+                    std::mem::forget(buf);
+                }
             }
         }
     }

@@ -560,7 +560,14 @@ impl Moe {
     /// after the experts', in transformers' order.
     pub fn forward(&self, x: &Tensor, capture: &mut dyn Capture) -> Result<Tensor> {
         let r = self.router.forward(x)?;
-        let ids = HostIds::start(&r.indices)?;
+        // The old schedule (the routing read where the experts need it, then the shared expert):
+        // for a sink that synchronizes at every capture, and with GLMCHECK_ROUTING=sync.
+        let in_order = capture.times_modules() || super::knobs::knobs().routing_sync;
+        let ahead = if in_order {
+            None
+        } else {
+            Some(HostIds::start(&r.indices)?)
+        };
         let gate = &self.router.path;
         emit(capture, gate, &r.logits)?;
         emit(capture, &sub(gate, "1"), &r.weights)?;
@@ -569,20 +576,30 @@ impl Moe {
         emit_with(capture, &sub(gate, conv::TOPK_INDICES), || {
             r.indices.to_dtype(DType::I64)
         })?;
-        let (routed, shared) = if capture.times_modules() {
-            let routed = self.experts.forward(x, &r, ids, capture)?;
-            emit(capture, &self.experts.path, &routed)?;
-            (routed, self.shared.forward(x, capture)?)
-        } else {
-            let mut later = Later::new(capture);
-            let shared = self.shared.forward(x, &mut later)?;
-            let later = later.entries;
-            let routed = self.experts.forward(x, &r, ids, capture)?;
-            emit(capture, &self.experts.path, &routed)?;
-            for (path, t) in later {
-                capture.capture(&path, &t)?;
+        let (routed, shared) = match ahead {
+            None => {
+                let ids = HostIds::start(&r.indices)?;
+                let routed = self.experts.forward(x, &r, ids, capture)?;
+                emit(capture, &self.experts.path, &routed)?;
+                (routed, self.shared.forward(x, capture)?)
             }
-            (routed, shared)
+            Some(ids) if !capture.in_transformers_order() => {
+                let shared = self.shared.forward(x, capture)?;
+                let routed = self.experts.forward(x, &r, ids, capture)?;
+                emit(capture, &self.experts.path, &routed)?;
+                (routed, shared)
+            }
+            Some(ids) => {
+                let mut later = Later::new(capture);
+                let shared = self.shared.forward(x, &mut later)?;
+                let later = later.entries;
+                let routed = self.experts.forward(x, &r, ids, capture)?;
+                emit(capture, &self.experts.path, &routed)?;
+                for (path, t) in later {
+                    capture.capture(&path, &t)?;
+                }
+                (routed, shared)
+            }
         };
         let y = (routed + shared)?;
         emit(capture, &self.path, &y)?;

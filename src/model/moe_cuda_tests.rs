@@ -547,22 +547,31 @@ fn the_routing_read_ahead_equals_the_synchronous_read() -> Result<()> {
     let busy = Tensor::randn(0f32, 1.0, (2048, 2048), &dev)?;
     for (t, k) in [(256usize, 8usize), (16, 8), (5, 1), (9000, 8)] {
         let n = (t * k) as u32;
-        // [2t, k] on the device, its second half: a view at offset t·k.
-        let ids = Tensor::arange_step(0u32, 6 * n, 3, &dev)?
-            .reshape((2 * t, k))?
+        // Long work the ids depend on (+ 0 from each of its values): a read that did not wait
+        // for the copy would find the buffer's previous contents (another routing) or nothing.
+        let mut y = busy.clone();
+        for _ in 0..8 {
+            y = (y.matmul(&busy)? * 1e-3)?;
+        }
+        let zeros = y
+            .abs()?
+            .ge(1e30)?
+            .to_dtype(DType::U32)?
+            .flatten_all()?
+            .narrow(0, 0, 2 * n as usize)?
+            .reshape((2 * t, k))?;
+        // [2t, k], its second half: a view at offset t·k.
+        let ids = (Tensor::arange_step(0u32, 6 * n, 3, &dev)?.reshape((2 * t, k))? + zeros)?
             .narrow(0, t, t)?;
         let ahead = crate::model::host_ids::HostIds::start(&ids)?;
-        // Work queued behind the copy; the wait must not need it done.
-        let mut y = busy.clone();
-        for _ in 0..4 {
-            y = y.matmul(&busy)?;
-        }
+        // And work queued behind the copy, which the wait must not need.
+        let z = y.matmul(&busy)?;
         let (got, got_k) = ahead.wait()?;
         let want = ids.flatten_all()?.to_vec1::<u32>()?;
         assert_eq!(got_k, k);
         assert_eq!(got, want, "{t} tokens × {k}");
         assert_eq!(got.first().copied(), Some(3 * n));
-        drop(y);
+        drop(z);
     }
     Ok(())
 }

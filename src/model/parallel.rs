@@ -128,6 +128,10 @@ struct Bridge<'a> {
 }
 
 impl Capture for Bridge<'_> {
+    fn times_modules(&self) -> bool {
+        self.outer.times_modules()
+    }
+
     fn capture(&mut self, path: &str, tensor: &Tensor) -> Result<()> {
         self.rank.capture(path, tensor)
     }

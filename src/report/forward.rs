@@ -55,24 +55,25 @@ fn timeline_text(t: &crate::forward::Timeline) -> String {
         );
     }
     let paced = t.host_paced(crate::forward::HOST_PACED_MS);
-    let paced_ms: f64 = paced.iter().map(|p| p.stretch_ms).sum();
     let mut out = format!(
         "timeline (one more forward, not synchronized; CUDA events at {} module boundaries): \
-         the GPU done at {:.2} ms, its work all enqueued by {:.2} ms on the host\n  \
-         the GPU reached {} of the marks within {:.0} µs of their launch (waiting on the host, or \
-         on a host synchronization): {:.2} ms of GPU time in the stretches before them\n",
+         the GPU done at {:.2} ms, its work all enqueued by {:.2} ms on the host; \
+         the GPU idle at most {:.2} ms\n  \
+         it reached {} of the marks within {:.0} µs of their launch (it had waited on the host's \
+         launches or on a host synchronization):\n",
         t.marks.len(),
         t.total_ms,
         t.host_ms,
+        t.idle_bound_ms().unwrap_or(0.0),
         paced.len(),
         crate::forward::HOST_PACED_MS * 1e3,
-        paced_ms
     );
-    let mut by_stretch: Vec<_> = paced.iter().collect();
-    by_stretch.sort_by(|a, b| b.stretch_ms.total_cmp(&a.stretch_ms));
-    for p in by_stretch.iter().take(8) {
+    let mut by_idle: Vec<_> = paced.iter().collect();
+    by_idle.sort_by(|a, b| b.idle_ms.total_cmp(&a.idle_ms));
+    for p in by_idle.iter().take(8) {
         out.push_str(&format!(
-            "  {:>8.3} ms up to {} ({:.0} µs behind the host)\n",
+            "  up to {:>6.3} ms idle in the {:.3} ms before {} ({:.0} µs behind the host)\n",
+            p.idle_ms,
             p.stretch_ms,
             p.module,
             p.lead_ms * 1e3
