@@ -6,7 +6,8 @@
 //! with an event behind it; the layer then enqueues its shared expert (which needs no routing)
 //! and only then waits for the event, so the GPU computes the shared expert while the host
 //! groups. Same values, same kernels: only the order in which the two independent halves of the
-//! layer are enqueued differs. `GLMCHECK_ROUTING=sync` keeps the old schedule (`Moe::forward`).
+//! layer are enqueued differs. Opt-in on CUDA (`GLMCHECK_ROUTING=ahead`, `Moe::forward`) until
+//! its device test (`the_routing_read_ahead_equals_the_synchronous_read`) has run on a GPU.
 //! The copy and its wait use the device's stream from the forward's host thread (candle's CUDA
 //! device is the per-thread default stream).
 

@@ -37,9 +37,9 @@ pub struct Knobs {
     pub q8_dense_tile: Option<usize>,
     /// `GLMCHECK_EVENT_TRACKING=on`: keep cudarc's per-allocation events.
     pub event_tracking: bool,
-    /// `GLMCHECK_ROUTING=sync`: a MoE layer reads its routing to the host synchronously, after
-    /// enqueueing everything before its experts (`host_ids`).
-    pub routing_sync: bool,
+    /// `GLMCHECK_ROUTING=ahead`: on CUDA a MoE layer reads its routing to the host during its
+    /// shared expert (`host_ids`) instead of synchronously before its experts.
+    pub routing_ahead: bool,
 }
 
 /// Each setting's name and what it does, for `--help`-like listings and the README's table. The
@@ -58,7 +58,7 @@ pub const TABLE: &[(&str, &str)] = &[
     ("GLMCHECK_Q8_DENSE", "candle / all / splitk / narrow / wide: q8 mode's dense matmuls on candle's kernels, or the int8 kernel's grid and split-K rules changed"),
     ("GLMCHECK_Q8_DENSE_TILE", "32 / 64 / 128: the widest int8 dense tile"),
     ("GLMCHECK_EVENT_TRACKING", "on: keep cudarc's per-allocation CUDA events"),
-    ("GLMCHECK_ROUTING", "sync: a MoE layer reads its routing back synchronously instead of during its shared expert"),
+    ("GLMCHECK_ROUTING", "ahead: on CUDA a MoE layer reads its routing back during its shared expert (not yet run on a GPU)"),
     ("GLMCHECK_PEAK_RSS", "any value: print the peak resident memory at exit (read by main)"),
 ];
 
@@ -89,7 +89,7 @@ impl Knobs {
             q8_dense: one_of("GLMCHECK_Q8_DENSE"),
             q8_dense_tile: num("GLMCHECK_Q8_DENSE_TILE"),
             event_tracking: is("GLMCHECK_EVENT_TRACKING", "on"),
-            routing_sync: is("GLMCHECK_ROUTING", "sync"),
+            routing_ahead: is("GLMCHECK_ROUTING", "ahead"),
         }
     }
 

@@ -554,15 +554,19 @@ impl Moe {
 
     /// `[T, hidden]` → routed experts + shared experts `[T, hidden]`.
     ///
-    /// The routing starts on its way to the host right after the router, and the shared expert
-    /// (which needs none) is enqueued before the experts wait for it ([`HostIds`]): the GPU
-    /// computes the shared expert while the host groups the tokens. Its captures are handed on
-    /// after the experts', in transformers' order.
+    /// With the routing read ahead (the CPU; CUDA with `GLMCHECK_ROUTING=ahead`) the routing
+    /// starts on its way to the host right after the router, and the shared expert (which needs
+    /// none) is enqueued before the experts wait for it ([`HostIds`]): on a GPU it computes the
+    /// shared expert while the host groups the tokens. Its captures are handed on after the
+    /// experts', in transformers' order.
     pub fn forward(&self, x: &Tensor, capture: &mut dyn Capture) -> Result<Tensor> {
         let r = self.router.forward(x)?;
-        // The old schedule (the routing read where the experts need it, then the shared expert):
-        // for a sink that synchronizes at every capture, and with GLMCHECK_ROUTING=sync.
-        let in_order = capture.times_modules() || super::knobs::knobs().routing_sync;
+        // The schedule in transformers' order (the routing read where the experts need it, then
+        // the shared expert): for a sink that synchronizes at every capture, and on CUDA unless
+        // GLMCHECK_ROUTING=ahead (opt-in until its device test has passed on a GPU). On the CPU
+        // the read is the values themselves: either order computes the same.
+        let in_order = capture.times_modules()
+            || (x.device().is_cuda() && !super::knobs::knobs().routing_ahead);
         let ahead = if in_order {
             None
         } else {
