@@ -9,6 +9,9 @@
 #     other variant's forward against it (`--reference`: per-module rel-L2, max |diff|);
 #  3. ROUNDS (2) interleaved `--bench 5` rounds of every variant at 256 tokens (and at 16 with
 #     SEQS="16 256");
+#  3b. with PROFILE=1: one `--bench 3 --profile` per variant and length (profile-<len>-<name>.json:
+#     the synchronized per-module split and the unsynchronized timeline, where the GPU waited on
+#     the host and a bound on its idle time);
 #  4. an ncu census (every kernel's time, grid, registers) of every variant's 256-token forward (or
 #     of those named in CENSUS, e.g. CENSUS="base fast");
 #  5. with NCU_KERNEL (a kernel-name regex): ncu --set full on variant NCU_VARIANT's (the last)
@@ -76,6 +79,15 @@ for s in ${SEQS:-256}; do
     done
   done
 done
+# 3b. the timelines
+if [ -n "${PROFILE:-}" ]; then
+  for s in ${SEQS:-256}; do
+    for n in "${names[@]}"; do
+      # shellcheck disable=SC2046
+      MIN_S=10 step "profile-$s-$n" 60 "$out/glmcheck-$n" $(fwd "$s") --bench 3 --profile
+    done
+  done
+fi
 # 4. census (of the variants named in CENSUS, default all)
 for n in ${CENSUS:-${names[@]}}; do
   # shellcheck disable=SC2046

@@ -4,8 +4,9 @@
 Usage: tools/device_variants_summary.py RESULT_DIR [--json] [--top N]
 Prints: the unit tests' result lines, every variant against the first one's 256-token dump
 (modules, largest |diff|, worst rel-L2, verdict), the interleaved --bench rounds (best of 5 each)
-per variant and length, and the ncu census of each variant's timed 256-token forward: kernels and
-µs in all and the N (25) kernels whose time moves most between the first variant and the others.
+per variant and length, the timelines of PROFILE=1 (GPU end, host end, idle bound, host-paced
+marks), and the ncu census of each variant's timed 256-token forward: kernels and µs in all and the
+N (25) kernels whose time moves most between the first variant and the others.
 """
 import json
 import re
@@ -71,7 +72,35 @@ def collect(d):
             continue
         res["bench_best_ms"].setdefault(f"{m.group(3)}@{m.group(1)}", []).append(best)
     res["timed_forward"] = {name: timed(d / f"census-256-{name}.json") for name, _ in vs}
+    res["timeline"] = {}
+    for f in sorted(d.glob("profile-*-*.json")):
+        m = re.match(r"profile-(\d+)-(.+)\.json", f.name)
+        try:
+            t = json.loads(f.read_text())["bench"]["timeline"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if m and t:
+            res["timeline"][f"{m.group(2)}@{m.group(1)}"] = timeline_figures(t)
     return res
+
+
+def timeline_figures(t):
+    """forward --profile's timeline: GPU end, host end, the bound on the GPU's idle time (Σ over
+    stretches of how long the host was still enqueueing one after the GPU had done the previous
+    one; Timeline::idle_bound_ms), and the marks the GPU reached within 50 µs of their launch."""
+    prev, idle, paced = 0.0, 0.0, []
+    for m in t.get("marks", []):
+        g = m.get("gpu_ms")
+        if g is None:
+            return {"gpu_events": False, "total_ms": t.get("total_ms")}
+        idle += max(0.0, m["host_ms"] - prev)
+        if g - m["host_ms"] < 0.05:
+            paced.append((round(max(0.0, m["host_ms"] - prev), 3), m["module"]))
+        prev = g
+    idle += max(0.0, t.get("host_ms", 0.0) - prev)
+    return {"gpu_events": True, "total_ms": round(t.get("total_ms", 0.0), 3),
+            "host_ms": round(t.get("host_ms", 0.0), 3), "idle_bound_ms": round(idle, 3),
+            "host_paced": len(paced), "largest_idle": sorted(paced, reverse=True)[:5]}
 
 
 def main():
@@ -94,6 +123,8 @@ def main():
         print(f"{n} vs {first} at 256 tokens: {m}")
     for k, xs in res["bench_best_ms"].items():
         print(f"best of 5, {k}: {' / '.join(map(str, xs))} (mean {sum(xs) / len(xs):.2f})")
+    for k, t in res["timeline"].items():
+        print(f"timeline {k}: {t}")
     tf = res["timed_forward"]
     for name, c in tf.items():
         print(f"timed forward {name}: {sum(v[0] for v in c.values())} kernels, "
