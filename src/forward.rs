@@ -400,33 +400,50 @@ fn timeline(model: &Glm5, tokens: &[u32]) -> Result<Timeline, ForwardError> {
     sink.start = std::time::Instant::now();
     model.forward(tokens, &mut sink)?;
     let host_ms = sink.start.elapsed().as_secs_f64() * 1e3;
-    let gpu = match sink.clock.as_mut() {
-        Some(c) => {
-            c.mark().map_err(ForwardError::from)?;
-            true
-        }
-        None => false,
-    };
+    if let Some(c) = sink.clock.as_mut() {
+        c.mark().map_err(ForwardError::from)?;
+    }
     device.synchronize().map_err(ForwardError::from)?;
     let end_host = sink.start.elapsed().as_secs_f64() * 1e3;
     let times = match sink.clock.take() {
-        Some(c) => c.read().map_err(ForwardError::from)?,
-        None => Vec::new(),
+        Some(c) => Some(c.read().map_err(ForwardError::from)?),
+        None => None,
     };
-    // times[0] is the origin, times[i + 1] mark i's, the last one the forward's end.
-    let mut marks = sink.marks;
-    for (i, m) in marks.iter_mut().enumerate() {
-        m.gpu_ms = times.get(i + 1).copied();
+    assemble(sink.marks, times, host_ms, end_host).map_err(ForwardError::from)
+}
+
+/// The timeline from its marks and, on CUDA, the events' times: `times[0]` the origin,
+/// `times[i + 1]` mark i's, the last the forward's end (one event per mark, so two more times than
+/// marks; anything else is an error, never a shifted reading). Off CUDA the GPU end is the host's
+/// time after the final synchronization.
+fn assemble(
+    mut marks: Vec<TimelineMark>,
+    times: Option<Vec<f64>>,
+    host_ms: f64,
+    end_host_ms: f64,
+) -> candle_core::Result<Timeline> {
+    let Some(times) = times else {
+        return Ok(Timeline {
+            host_ms,
+            total_ms: end_host_ms,
+            gpu_events: false,
+            marks,
+        });
+    };
+    if times.len() != marks.len() + 2 {
+        candle_core::bail!(
+            "timeline: {} event times for {} marks (expected the origin, one a mark, the end)",
+            times.len(),
+            marks.len()
+        );
     }
-    let total_ms = if gpu {
-        times.last().copied().unwrap_or(end_host)
-    } else {
-        end_host
-    };
+    for (m, &t) in marks.iter_mut().zip(&times[1..]) {
+        m.gpu_ms = Some(t);
+    }
     Ok(Timeline {
         host_ms,
-        total_ms,
-        gpu_events: gpu,
+        total_ms: times.last().copied().unwrap_or(end_host_ms),
+        gpu_events: true,
         marks,
     })
 }
@@ -655,5 +672,33 @@ mod timeline_tests {
         cpu.marks.iter_mut().for_each(|m| m.gpu_ms = None);
         assert!(cpu.host_paced(HOST_PACED_MS).is_empty());
         assert!(cpu.idle_bound_ms().is_none());
+    }
+
+    #[test]
+    fn event_times_go_to_their_marks_and_a_count_that_does_not_fit_is_an_error() {
+        let marks = |n: usize| -> Vec<TimelineMark> {
+            (0..n)
+                .map(|i| TimelineMark {
+                    module: format!("m{i}"),
+                    host_ms: i as f64,
+                    gpu_ms: None,
+                })
+                .collect()
+        };
+        // origin 0, marks at 1.5 and 2.5, end 4.0
+        let t = assemble(marks(2), Some(vec![0.0, 1.5, 2.5, 4.0]), 3.0, 4.2).expect("fits");
+        assert!(t.gpu_events);
+        assert_eq!(
+            t.marks.iter().map(|m| m.gpu_ms).collect::<Vec<_>>(),
+            [Some(1.5), Some(2.5)]
+        );
+        assert_eq!((t.total_ms, t.host_ms), (4.0, 3.0));
+        // one time short or long: refused, not shifted
+        assert!(assemble(marks(2), Some(vec![0.0, 1.5, 4.0]), 3.0, 4.2).is_err());
+        assert!(assemble(marks(2), Some(vec![0.0, 1.0, 1.5, 2.5, 4.0]), 3.0, 4.2).is_err());
+        // no device clock: the host's end, no GPU times
+        let cpu = assemble(marks(2), None, 3.0, 4.2).expect("cpu");
+        assert!(!cpu.gpu_events && cpu.marks.iter().all(|m| m.gpu_ms.is_none()));
+        assert_eq!(cpu.total_ms, 4.2);
     }
 }
