@@ -6,7 +6,14 @@
 use candle_core::{Device, Result};
 
 #[cfg(feature = "cuda")]
-use candle_core::cuda_backend::cudarc::driver::{sys, CudaEvent};
+use candle_core::cuda_backend::cudarc::driver::{sys, CudaContext, CudaEvent};
+
+/// An event that records a time (cudarc's default disables timing).
+#[cfg(feature = "cuda")]
+fn timed_event(ctx: &std::sync::Arc<CudaContext>) -> Result<CudaEvent> {
+    ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(candle_core::Error::wrap)
+}
 
 /// Events recorded in order on one CUDA device's stream; the first is the origin.
 pub struct EventClock {
@@ -26,9 +33,8 @@ impl EventClock {
         if let Device::Cuda(dev) = device {
             let ctx = dev.cuda_stream().context().clone();
             let spare = (0..capacity)
-                .map(|_| ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)))
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(candle_core::Error::wrap)?;
+                .map(|_| timed_event(&ctx))
+                .collect::<Result<Vec<_>>>()?;
             return Ok(Some(Self {
                 dev: dev.clone(),
                 spare,
@@ -46,10 +52,7 @@ impl EventClock {
             let stream = self.dev.cuda_stream();
             let ev = match self.spare.pop() {
                 Some(ev) => ev,
-                None => stream
-                    .context()
-                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .map_err(candle_core::Error::wrap)?,
+                None => timed_event(stream.context())?,
             };
             ev.record(&stream).map_err(candle_core::Error::wrap)?;
             self.marks.push(ev);
