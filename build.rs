@@ -27,6 +27,7 @@ fn main() {
     println!("cargo::rerun-if-changed=cuda/fused.cu");
     println!("cargo::rerun-if-changed=cuda/elementwise.cuh");
     println!("cargo::rerun-if-changed=cuda/gguf_blocks.cuh");
+    println!("cargo::rerun-if-changed=cuda/dq_decode.cuh");
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo::rerun-if-env-changed=GLMCHECK_MMQ_INCLUDE");
     if env::var_os("CARGO_FEATURE_CUDA").is_none() {
