@@ -5,7 +5,8 @@
 //! multiplied there) and `cuda/q8_moe.cu` (q8 mode's experts on int8 tensor cores, fragments built
 //! from the raw blocks) and `cuda/rope.cu` (RoPE with transformers' per-op roundings) and
 //! `cuda/q8_quantize.cu` (q8 mode's Q8_1 quantizer reading bf16) and `cuda/fused.cu` (the fused
-//! masked softmax, MoE combine and MLA keys/values) with nvcc into a static library.
+//! masked softmax, MoE combine and MLA keys/values) and `cuda/dequant_wgmma.cu` (dequant mode's
+//! dense matmuls of many tokens on Hopper's wgmma) with nvcc into a static library.
 //! Without the feature this does nothing: CI and the README's commands never need nvcc.
 //!
 //! Environment: `CUDA_COMPUTE_CAP` (default 90), nvcc from `$CUDA_HOME/bin` or `PATH`, and
@@ -25,6 +26,7 @@ fn main() {
     println!("cargo::rerun-if-changed=cuda/rope.cu");
     println!("cargo::rerun-if-changed=cuda/q8_quantize.cu");
     println!("cargo::rerun-if-changed=cuda/fused.cu");
+    println!("cargo::rerun-if-changed=cuda/dequant_wgmma.cu");
     println!("cargo::rerun-if-changed=cuda/elementwise.cuh");
     println!("cargo::rerun-if-changed=cuda/gguf_blocks.cuh");
     println!("cargo::rerun-if-changed=cuda/dq_decode.cuh");
@@ -57,6 +59,7 @@ fn build_moe_kernel() -> Result<(), String> {
         ("cuda/rope.cu", &kernels_src),
         ("cuda/q8_quantize.cu", &kernels_src),
         ("cuda/fused.cu", &kernels_src),
+        ("cuda/dequant_wgmma.cu", &kernels_src),
     ];
     let mut jobs = Vec::new();
     for (src, inc) in sources {
@@ -64,7 +67,7 @@ fn build_moe_kernel() -> Result<(), String> {
         let obj = out.join(stem).with_extension("o");
         let child = Command::new(&nvcc)
             .args(["-c", "-O3", "-std=c++17", "--expt-relaxed-constexpr"])
-            .arg(format!("-arch=sm_{cap}"))
+            .args(arch_args(src, &cap))
             .args(["-Xcompiler", "-fPIC", "-w"])
             .arg("-I")
             .arg(inc)
@@ -99,6 +102,20 @@ fn build_moe_kernel() -> Result<(), String> {
     println!("cargo::rustc-link-lib=dylib=cudart");
     println!("cargo::rustc-link-lib=dylib=stdc++");
     Ok(())
+}
+
+/// nvcc's target for `src`: `sm_<cap>`, except the wgmma kernel on compute capability 9.0, which
+/// needs the arch-specific sm_90a (wgmma has no sm_90 encoding) and is told so (`GLMCHECK_WGMMA`;
+/// elsewhere its launcher answers "no kernel").
+fn arch_args(src: &str, cap: &str) -> Vec<String> {
+    if src.ends_with("dequant_wgmma.cu") && cap == "90" {
+        vec![
+            "-gencode=arch=compute_90a,code=sm_90a".into(),
+            "-DGLMCHECK_WGMMA".into(),
+        ]
+    } else {
+        vec![format!("-arch=sm_{cap}")]
+    }
 }
 
 /// candle-kernels' `src/mmq_gguf`, of the version Cargo.lock pins, in cargo's registry.

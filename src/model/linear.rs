@@ -121,11 +121,19 @@ impl Blocks {
     pub fn matmul(&self, x: &Tensor, dtype: DType, mode: MatmulMode) -> Result<Tensor> {
         let one = |q: &QTensor| match mode {
             MatmulMode::Dequant => {
-                // on CUDA, a few tokens: decoded inside the grouped kernel (no decoded copy)
+                // on CUDA, a few tokens: decoded inside the grouped kernel (no decoded copy);
+                // more, where GLMCHECK_DENSE asks for it: decoded inside the wgmma kernel
                 #[cfg(feature = "cuda")]
-                if x.rank() == 2 && super::moe_cuda::dense_on_tiles(x.dim(0)?) {
-                    if let Some(y) = super::moe_cuda::dense_tiled(q, x)? {
-                        return Ok(y);
+                if x.rank() == 2 {
+                    let t = x.dim(0)?;
+                    if super::moe_cuda::dense_on_tiles(t) {
+                        if let Some(y) = super::moe_cuda::dense_tiled(q, x)? {
+                            return Ok(y);
+                        }
+                    } else if let Some(tile) = super::wgmma_cuda::dense_wgmma_tile(t) {
+                        if let Some(y) = super::wgmma_cuda::dense_wgmma(q, x, tile)? {
+                            return Ok(y);
+                        }
                     }
                 }
                 x.matmul(&dequantize(q, dtype)?.t()?)

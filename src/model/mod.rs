@@ -41,6 +41,8 @@ pub(crate) mod q8_dense_cuda;
 #[cfg(feature = "cuda")]
 pub mod rope_cuda;
 pub mod source;
+#[cfg(feature = "cuda")]
+pub(crate) mod wgmma_cuda;
 
 use candle_core::{DType, Device, Tensor};
 
