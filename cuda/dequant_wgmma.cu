@@ -12,7 +12,8 @@
 // summed in f32 (in another order than cuBLAS' or the register kernel's: equal to rounding).
 //
 // Layout. A block is WGS warpgroups (1 or 2) of 4 warps; warpgroup wg owns the 64 weight rows
-// 64·(WGS·blockIdx.x + wg)..+64, the block WN tokens from WN·blockIdx.y. It walks k in steps of
+// 64·(WGS·blockIdx.y + wg)..+64, the block WN tokens from WN·blockIdx.x (the token tiles of the
+// same rows run side by side and read the weights through L2 once). It walks k in steps of
 // 256 (one K-quant super-block), double buffered with cp.async: the step's raw blocks of its rows
 // (as the register kernel stages them) and the step's activations, WN × 256 values, which
 // glmcheck_wg_tiles has already laid out in global memory as wgmma's K-major core matrices (8
@@ -68,6 +69,17 @@ template <int N> __device__ __forceinline__ void wg_hold(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
         asm volatile("" : "+f"(d[i])::"memory");
+    }
+}
+// The A fragments are fully written before the wgmma.fence that precedes their wgmmas (the
+// fence's "memory" clobber orders memory, not registers; CUTLASS fences the operands the same way).
+__device__ __forceinline__ void wg_hold_a(uint32_t (&a)[8][4]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            asm volatile("" : "+r"(a[j][k])::"memory");
+        }
     }
 }
 
@@ -174,6 +186,8 @@ __device__ __forceinline__ void wg_step(const uint8_t * const (&b)[2], const flo
                                         float (&acc)[WN / 2]) {
     uint32_t a0[8][4], a1[8][4];
     wg_decode_half<0, T, ALIGNED, FMA1, H16, C>(b, rs, t, a0);
+    wg_hold_a(a0);
+    wg_hold(acc);
     wg_fence();
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -181,6 +195,7 @@ __device__ __forceinline__ void wg_step(const uint8_t * const (&b)[2], const flo
     }
     wg_commit();
     wg_decode_half<1, T, ALIGNED, FMA1, H16, C>(b, rs, t, a1);
+    wg_hold_a(a1);
     wg_fence();
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -213,9 +228,9 @@ __global__ void glmcheck_wg_tiles(const C * __restrict__ x, C * __restrict__ xt,
     *(uint4 *) (base + (k8 + 1) * CM) = make_uint4(lo.y, lo.w, hi.y, hi.w);
 }
 
-// y[tok][row] = Σ_k x[tok][k] · W[row][k]: grid (n_out / (64·WGS) rounded up, tpad / WN); xt from
-// glmcheck_wg_tiles. Rows past n_out (a last block of 64 rows when WGS is 2) are neither copied
-// nor multiplied; tokens past n_tok are zeros in xt and not written.
+// y[tok][row] = Σ_k x[tok][k] · W[row][k]: grid (tpad / WN, n_out / (64·WGS)), n_out a multiple of
+// 64·WGS (every warpgroup has rows: wgmmas under a warpgroup-dependent branch are serialized by
+// ptxas, C7518); xt from glmcheck_wg_tiles. Tokens past n_tok are zeros in xt and not written.
 template <int T, bool ALIGNED, bool H16, typename C, int WN, int WGS>
 __global__ void __launch_bounds__(128 * WGS, 1) glmcheck_dqwg(const uint8_t * __restrict__ w, long long row_bytes,
                                                               const C * __restrict__ xt, C * __restrict__ y, int n_out,
@@ -225,8 +240,8 @@ __global__ void __launch_bounds__(128 * WGS, 1) glmcheck_dqwg(const uint8_t * __
     constexpr int RS = dq_row_scales<T>(), XS = wg_stage_bytes(WN);
     const int tid = threadIdx.x, wg = tid / 128, wtid = tid % 128, warp = wtid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
-    const int row_base = ROWS * blockIdx.x; // n_out is a multiple of ROWS: every warpgroup has rows
-    const int tok0 = WN * blockIdx.y;
+    const int row_base = ROWS * blockIdx.y; // n_out is a multiple of ROWS: every warpgroup has rows
+    const int tok0 = WN * blockIdx.x;
 
     extern __shared__ __align__(128) uint8_t smem[];
     uint8_t * xs = smem;
@@ -337,8 +352,8 @@ int launch_wg(const void * w, long long row_bytes, const void * x, void * xt, vo
     const int tpad = wg_tpad(n_tok, WN);
     const long long threads = (long long) tpad * (k_in / 16);
     const long long tile_blocks = (threads + 255) / 256;
-    const int grid_x = (n_out + 64 * WGS - 1) / (64 * WGS);
-    if (tile_blocks > 0x7FFFFFFF || tpad / WN > 65535) {
+    const int row_blocks = n_out / (64 * WGS);
+    if (n_out % (64 * WGS) != 0 || tile_blocks > 0x7FFFFFFF || row_blocks > 65535) { // every warpgroup has rows
         return 2;
     }
     glmcheck_wg_tiles<C><<<(unsigned) tile_blocks, 256, 0, stream>>>((const C *) x, (C *) xt, n_tok, k_in, tpad);
@@ -348,7 +363,7 @@ int launch_wg(const void * w, long long row_bytes, const void * x, void * xt, vo
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared) != cudaSuccess) {
         return 3;
     }
-    const dim3 grid(grid_x, tpad / WN);
+    const dim3 grid(tpad / WN, row_blocks);
     kernel<<<grid, 128 * WGS, shared, stream>>>((const uint8_t *) w, row_bytes, (const C *) xt, (C *) y, n_out, k_in,
                                                 n_tok, tpad);
     return cudaGetLastError() == cudaSuccess ? 0 : 3;
@@ -407,7 +422,7 @@ extern "C" int glmcheck_dequant_wgmma(int ggml_type, int dtype, int variant, con
                                       const void * x, void * xt, void * y, int n_out, int k_in, int n_tok, void * stream) {
 #if defined(GLMCHECK_WGMMA)
     if (n_out <= 0 || n_tok <= 0 || n_out % 64 != 0 || k_in <= 0 || k_in % KS != 0 || (variant != 0 && variant != 1)
-        || (uintptr_t) x % 16 != 0 || (uintptr_t) xt % 16 != 0 || (n_out + 63) / 64 > 0x7FFFFFFF) {
+        || (uintptr_t) x % 16 != 0 || (uintptr_t) xt % 16 != 0) {
         return 2;
     }
     if (glmcheck_dequant_wgmma_ready() != 1) {
