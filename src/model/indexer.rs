@@ -193,7 +193,9 @@ mod tests {
 
     /// The tiny model (index_topk 8, 3 layers) skips its indexers up to 8 tokens when nothing reads
     /// them, runs all three from 9 tokens on (the top-k then picks keys), and runs them at any
-    /// length for a sink that reads them. (`tests/forward_cli.rs` has the logits bit for bit.)
+    /// length for a sink that reads them; so does its simulated tensor-parallel form (2 ranks, each
+    /// running the replicated indexer: twice the runs). (`tests/forward_cli.rs` has the logits bit
+    /// for bit.)
     #[test]
     fn the_indexer_is_skipped_exactly_where_every_key_is_selected_and_nothing_reads_it() {
         let path =
@@ -208,17 +210,21 @@ mod tests {
             ..ModelOptions::default()
         };
         let model = Glm5::load_with(&w, opts).expect("load");
-        for (n, want) in [(1, 0), (7, 0), (8, 0), (9, layers), (12, layers)] {
-            assert_eq!(
-                runs(&model, n, &mut NoCapture),
-                want,
-                "{n} tokens, nothing read"
-            );
-            assert_eq!(
-                runs(&model, n, &mut VecCapture::new()),
-                layers,
-                "{n} tokens, all read"
-            );
+        let plan = crate::plan::ShardPlan::new(&m, &c, 2);
+        let tp = Glm5::sharded(&w, &plan, None, opts).expect("tp load");
+        for (model, ranks) in [(&model, 1), (&tp, 2)] {
+            for (n, want) in [(1, 0), (7, 0), (8, 0), (9, layers), (12, layers)] {
+                assert_eq!(
+                    runs(model, n, &mut NoCapture),
+                    ranks * want,
+                    "{ranks} rank(s), {n} tokens, nothing read"
+                );
+                assert_eq!(
+                    runs(model, n, &mut VecCapture::new()),
+                    ranks * layers,
+                    "{ranks} rank(s), {n} tokens, all read"
+                );
+            }
         }
     }
 }

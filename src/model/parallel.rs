@@ -128,6 +128,13 @@ struct Bridge<'a> {
 }
 
 impl Capture for Bridge<'_> {
+    /// What the outer sink wants, every rank alike (so their captures stay in step for
+    /// [`merge`]): a rank emits nothing the merge would not hand on, and where nothing reads a
+    /// layer's indexer and every key is selected it is skipped on every rank, as unsharded.
+    fn wants(&self, path: &str) -> bool {
+        self.outer.wants(path)
+    }
+
     fn times_modules(&self) -> bool {
         self.outer.times_modules()
     }
