@@ -259,7 +259,9 @@ pub struct Bench {
 /// host had enqueued the module) and, on CUDA, its GPU time (an event on the device's stream:
 /// when the GPU had done it). The GPU can reach a mark only after the host enqueued it; where it
 /// reaches it just after, it had been waiting for the host's launches (or a host synchronization).
-#[derive(Debug, Clone, Serialize)]
+/// Its JSON carries the readings too ([`Timeline::idle_bound_ms`], [`Timeline::host_paced`] within
+/// [`HOST_PACED_MS`]), so no script re-derives them.
+#[derive(Debug, Clone)]
 pub struct Timeline {
     /// Host time until the forward returned (ms), its work enqueued.
     pub host_ms: f64,
@@ -281,7 +283,7 @@ pub struct TimelineMark {
 /// the previous mark: a stretch whose pace the host set. `idle_ms` bounds the GPU's idle time
 /// in it from above: how long after the GPU had done the previous stretch the host was still
 /// enqueueing this one (once all of it is enqueued the GPU runs it without a pause).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct HostPaced {
     pub module: String,
     pub lead_ms: f64,
@@ -325,6 +327,31 @@ impl Timeline {
             prev = g;
         }
         Some(idle + (self.host_ms - prev).max(0.0))
+    }
+}
+
+impl Serialize for Timeline {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Json<'a> {
+            host_ms: f64,
+            total_ms: f64,
+            gpu_events: bool,
+            marks: &'a [TimelineMark],
+            /// `None` without a device clock (CPU).
+            idle_bound_ms: Option<f64>,
+            /// Within [`HOST_PACED_MS`], in forward order.
+            host_paced: Vec<HostPaced>,
+        }
+        Json {
+            host_ms: self.host_ms,
+            total_ms: self.total_ms,
+            gpu_events: self.gpu_events,
+            marks: &self.marks,
+            idle_bound_ms: self.idle_bound_ms(),
+            host_paced: self.host_paced(HOST_PACED_MS),
+        }
+        .serialize(s)
     }
 }
 
@@ -667,11 +694,19 @@ mod timeline_tests {
         // 2.52); d enqueued before the GPU got there; the end (host 3.0) before its last mark.
         let idle = t.idle_bound_ms().unwrap_or(f64::NAN);
         assert!((idle - 0.68).abs() < 1e-9, "{idle}");
+        // The JSON carries both readings (what tools/device_variants_summary.py prints).
+        let json = serde_json::to_value(&t).expect("json");
+        assert_eq!(json["idle_bound_ms"].as_f64(), Some(idle));
+        assert_eq!(json["host_paced"][0]["module"], "b");
+        assert_eq!(json["host_paced"].as_array().map(Vec::len), Some(1));
+        assert_eq!(json["marks"].as_array().map(Vec::len), Some(4));
         // No device clock: nothing to say.
         let mut cpu = t.clone();
         cpu.marks.iter_mut().for_each(|m| m.gpu_ms = None);
         assert!(cpu.host_paced(HOST_PACED_MS).is_empty());
         assert!(cpu.idle_bound_ms().is_none());
+        let json = serde_json::to_value(&cpu).expect("json");
+        assert!(json["idle_bound_ms"].is_null());
     }
 
     #[test]

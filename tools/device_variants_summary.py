@@ -85,22 +85,15 @@ def collect(d):
 
 
 def timeline_figures(t):
-    """forward --profile's timeline: GPU end, host end, the bound on the GPU's idle time (Σ over
-    stretches of how long the host was still enqueueing one after the GPU had done the previous
-    one; Timeline::idle_bound_ms), and the marks the GPU reached within 50 µs of their launch."""
-    prev, idle, paced = 0.0, 0.0, []
-    for m in t.get("marks", []):
-        g = m.get("gpu_ms")
-        if g is None:
-            return {"gpu_events": False, "total_ms": t.get("total_ms")}
-        idle += max(0.0, m["host_ms"] - prev)
-        if g - m["host_ms"] < 0.05:
-            paced.append((round(max(0.0, m["host_ms"] - prev), 3), m["module"]))
-        prev = g
-    idle += max(0.0, t.get("host_ms", 0.0) - prev)
-    return {"gpu_events": True, "total_ms": round(t.get("total_ms", 0.0), 3),
-            "host_ms": round(t.get("host_ms", 0.0), 3), "idle_bound_ms": round(idle, 3),
-            "host_paced": len(paced), "largest_idle": sorted(paced, reverse=True)[:5]}
+    """forward --profile's timeline as glmcheck's JSON gives it: GPU end, host end, its bound on the
+    GPU's idle time (Timeline::idle_bound_ms) and the marks the GPU reached within HOST_PACED_MS of
+    their launch (Timeline::host_paced), the five of largest idle bound first."""
+    if not t.get("gpu_events") or t.get("idle_bound_ms") is None:
+        return {"gpu_events": False, "total_ms": t.get("total_ms")}
+    paced = t.get("host_paced", [])
+    largest = sorted(((round(p["idle_ms"], 3), p["module"]) for p in paced), reverse=True)[:5]
+    return {"gpu_events": True, "total_ms": round(t["total_ms"], 3), "host_ms": round(t["host_ms"], 3),
+            "idle_bound_ms": round(t["idle_bound_ms"], 3), "host_paced": len(paced), "largest_idle": largest}
 
 
 def main():
