@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
         const C * __restrict__ x, const int32_t * __restrict__ src,
         const int32_t * __restrict__ bounds, const int32_t * __restrict__ experts, const int32_t * __restrict__ zlist,
         C * __restrict__ y, int n_out, int k_in) {
-    constexpr int TN = 8 * NT, B = bytes_256(T), CH = raw_chunks(T), P = raw_pitch(T), RS = dq_row_scales<T>();
+    constexpr int TN = 8 * NT, B = bytes_256(T), P = raw_pitch(T), RS = dq_row_scales<T>();
     const int z = zlist ? zlist[blockIdx.z] : (int) blockIdx.z; // the active expert of this grid plane
     const int row0 = bounds[z] + blockIdx.x * TN;
     const int nrows = min(TN, bounds[z + 1] - row0);
@@ -384,18 +384,7 @@ __global__ void __launch_bounds__(THREADS) glmcheck_dqmma(
     auto stage = [&](int buf, int step) {
         const uint8_t * srcp = wrow + (long long) step * B;
         uint8_t * dst = raw + (buf * BM + tid / 16) * P;
-#pragma unroll
-        for (int j = 0; j < BM / (THREADS / 16); ++j, srcp += wstride) {
-            const uintptr_t off = (uintptr_t) srcp;
-            const int mis = ALIGNED ? 0 : (int) (off & 15);
-#pragma unroll
-            for (int c0 = 0; c0 < CH; c0 += 16) {
-                const int c = c0 + tid % 16;
-                if (c < CH && 16 * c < mis + B) {
-                    __pipeline_memcpy_async(dst + j * (THREADS / 16) * P + 16 * c, (const void *) (off - mis + 16 * c), 16);
-                }
-            }
-        }
+        stage_raw<T, ALIGNED, BM, THREADS>(dst, srcp, wstride, tid);
         for (int i = tid; i < nrows * (KS / 8); i += THREADS) {
             const int r = i / (KS / 8), c = i % (KS / 8);
             __pipeline_memcpy_async(xs + (buf * TN + r) * XPB + 16 * c,

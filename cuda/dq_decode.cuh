@@ -6,6 +6,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -153,6 +154,28 @@ __device__ __forceinline__ bool dq_scales(Blk blk, float * rsc, int tid) {
         }
     }
     return exact;
+}
+
+// A step's raw blocks of ROWS rows into shared memory at `dst` (this thread's first row, pitch
+// raw_pitch(T)) by THR threads, 16-byte copies (cp.async, not committed): chunk tid % 16 (+ 16) of
+// rows tid / 16 + (THR / 16)·j, each row's from the 16-byte boundary below the step's first byte
+// (`srcp`: this thread's first row at the step; `wstride`: THR / 16 rows' bytes), so a row's bytes
+// sit `(uintptr_t) src & 15` past its slot's start where rows are not ALIGNED.
+template <int T, bool ALIGNED, int ROWS, int THR>
+__device__ __forceinline__ void stage_raw(uint8_t * dst, const uint8_t * srcp, long long wstride, int tid) {
+    constexpr int B = bytes_256(T), CH = raw_chunks(T), P = raw_pitch(T);
+#pragma unroll
+    for (int j = 0; j < ROWS / (THR / 16); ++j, srcp += wstride) {
+        const uintptr_t off = (uintptr_t) srcp;
+        const int mis = ALIGNED ? 0 : (int) (off & 15);
+#pragma unroll
+        for (int c0 = 0; c0 < CH; c0 += 16) {
+            const int c = c0 + tid % 16;
+            if (c < CH && 16 * c < mis + B) {
+                __pipeline_memcpy_async(dst + j * (THR / 16) * P + 16 * c, (const void *) (off - mis + 16 * c), 16);
+            }
+        }
+    }
 }
 
 // The decode of one 256-value step for one lane of a warp that owns 16 weight rows: `b[h]` the raw
