@@ -251,7 +251,9 @@ pub struct Bench {
     /// execution order of first appearance; the device is synchronized after every module, so
     /// the sum exceeds an unprofiled forward.
     pub profile: Option<Vec<ModuleTime>>,
-    /// With `--profile`: one more forward, not synchronized, marked at module boundaries.
+    /// With `--profile`: one more forward, not synchronized, marked at module boundaries. Not
+    /// taken for a simulated tensor-parallel model of several ranks: they run one after another
+    /// and their modules reach the sink only when merged, so the marks would time the merges.
     pub timeline: Option<Timeline>,
 }
 
@@ -392,7 +394,7 @@ fn bench(
     } else {
         None
     };
-    let timeline = if profile.is_some() {
+    let timeline = if profile.is_some() && model.tp() == 1 {
         Some(timeline(model, tokens)?)
     } else {
         None

@@ -1103,4 +1103,18 @@ fn the_profiles_timeline_marks_module_boundaries_in_order_without_the_indexer() 
     }
     assert_eq!(marks.first(), Some(&"model.embed_tokens"));
     assert_eq!(marks.last(), Some(&"lm_head"));
+
+    // Simulated TP of 2 ranks: the ranks run one after another and their captures reach the sink
+    // when merged, so marks would time the merges: the profile, and no timeline.
+    let m = GgufModel::open(&gguf("tiny-Q8_0")).expect("open");
+    let cfg = ConfigReader::read(&m, "glm-dsa").expect("config").config;
+    let w = Weights::new(&m, &cfg, Device::Cpu);
+    let plan = glmcheck::plan::ShardPlan::new(&m, &cfg, 2);
+    let tpm = Glm5::sharded(&w, &plan, None, model.options()).expect("tp model");
+    let b = forward::run(&tpm, None, &ids, None, &s)
+        .expect("tp run")
+        .bench
+        .expect("bench");
+    assert!(b.profile.is_some(), "--profile still splits by module");
+    assert!(b.timeline.is_none(), "no timeline under simulated TP");
 }

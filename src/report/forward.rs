@@ -39,8 +39,13 @@ fn bench_text(b: &crate::forward::Bench) -> String {
             ));
         }
     }
-    if let Some(t) = &b.timeline {
-        out.push_str(&timeline_text(t));
+    match &b.timeline {
+        Some(t) => out.push_str(&timeline_text(t)),
+        None if b.profile.is_some() => out.push_str(
+            "timeline: not taken (simulated tensor parallel: the ranks run one after another and \
+             their modules are marked only when merged)\n",
+        ),
+        None => {}
     }
     out
 }
