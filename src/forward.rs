@@ -128,6 +128,9 @@ pub struct ForwardOutcome {
     pub tp: Option<usize>,
     /// Notes on how the run was made (the simulated ranks' weight source, …).
     pub notes: Vec<String>,
+    /// The `GLMCHECK_*` settings the run was made with (`model::knobs`' table: other kernels than
+    /// the defaults, and main's), name → value; empty: none set.
+    pub settings: std::collections::BTreeMap<String, String>,
     /// With `--bench N`: the best of N plain forwards of the prompt, seconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub forward_seconds: Option<f64>,
@@ -651,6 +654,10 @@ pub fn run(
         replayed,
         tp: model.simulated_tp(),
         notes: Vec::new(),
+        settings: crate::model::knobs::in_effect(crate::model::knobs::env_var)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
         forward_seconds,
         bench,
         comparison,

@@ -124,6 +124,45 @@ fn an_unlisted_setting_value_warns_and_runs() {
     assert!(!err.contains("GLMCHECK_INDEXER"), "{err}");
 }
 
+/// `forward` records the settings it ran with (the recognised ones) in its text and JSON, and an
+/// empty map without any.
+#[test]
+fn forward_records_the_settings_it_ran_with() {
+    let path = gguf("tiny-Q8_0");
+    let run = |env: &[(&str, &str)], json: bool| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_glmcheck"));
+        c.args(["forward", path.to_str().unwrap(), "--tokens", "1,2,3"])
+            .args(["--max-new-tokens", "0"]);
+        if json {
+            c.arg("--json");
+        }
+        // whatever the test's own environment sets
+        for (name, _) in glmcheck::model::knobs::TABLE {
+            c.env_remove(name);
+        }
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let out = c.output().expect("run glmcheck");
+        assert_eq!(out.status.code(), Some(0), "{env:?}");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let set = [("GLMCHECK_INDEXER", "always"), ("GLMCHECK_COPY16", "of")];
+    let text = run(&set, false);
+    assert!(
+        text.contains("settings (not the defaults): GLMCHECK_INDEXER=always\n"),
+        "{text}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&run(&set, true)).expect("json");
+    assert_eq!(
+        v["settings"],
+        serde_json::json!({"GLMCHECK_INDEXER": "always"})
+    );
+    let v: serde_json::Value = serde_json::from_str(&run(&[], true)).expect("json");
+    assert_eq!(v["settings"], serde_json::json!({}));
+    assert!(!run(&[], false).contains("settings"));
+}
+
 /// Every special-token id llama.cpp writes is listed (cls and the FIM ids were missing).
 #[test]
 fn inspect_lists_every_special_token_llama_cpp_writes() {

@@ -121,6 +121,21 @@ pub fn unrecognised(
         .collect()
 }
 
+/// The settings `var` gives a value their row takes, `(name, value)` in [`TABLE`]'s order: what a
+/// run's output records as the kernels it ran with (an unrecognised value is the default and is
+/// warned about instead, [`unrecognised`]).
+pub fn in_effect(var: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
+    TABLE
+        .iter()
+        .filter_map(|&(name, doc)| {
+            let value = var(name)?;
+            documented_values(doc)
+                .is_none_or(|takes| takes.contains(&value.as_str()))
+                .then_some((name, value))
+        })
+        .collect()
+}
+
 /// `name` in this process's environment; set to nothing is unset (`VAR= cmd` in scripts).
 pub fn env_var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
@@ -188,6 +203,27 @@ mod tests {
         ]);
         assert!(!k.copy16_off && !k.indexer_always && !k.q8_experts_mmq && !k.q8_input_f32);
         assert!(!k.event_tracking && k.dequant_tile.is_none());
+    }
+
+    /// The settings in effect are those set to a value their row takes, in the table's order.
+    #[test]
+    fn the_settings_in_effect_are_the_recognised_ones() {
+        let env = |n: &str| match n {
+            "GLMCHECK_ROUTING" => Some("ahead".to_string()),
+            "GLMCHECK_DENSE" => Some("wgmma".to_string()),
+            "GLMCHECK_COPY16" => Some("of".to_string()),
+            "GLMCHECK_PEAK_RSS" => Some("1".to_string()),
+            _ => None,
+        };
+        assert_eq!(
+            in_effect(env),
+            vec![
+                ("GLMCHECK_DENSE", "wgmma".to_string()),
+                ("GLMCHECK_ROUTING", "ahead".to_string()),
+                ("GLMCHECK_PEAK_RSS", "1".to_string()),
+            ]
+        );
+        assert!(in_effect(|_| None).is_empty());
     }
 
     /// Every value a row documents changes what `from_vars` reads (alone in the environment), and

@@ -118,6 +118,10 @@ pub fn forward_text(o: &ForwardOutcome, all_modules: bool) -> String {
     for n in &o.notes {
         out.push_str(&format!("{n}\n"));
     }
+    if !o.settings.is_empty() {
+        let set: Vec<String> = o.settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        out.push_str(&format!("settings (not the defaults): {}\n", set.join(" ")));
+    }
     if let Some(b) = &o.bench {
         out.push_str(&bench_text(b));
     }
@@ -654,6 +658,7 @@ pub fn forward_json(o: &ForwardOutcome) -> Value {
         "replayed": o.replayed,
         "tp": o.tp,
         "notes": o.notes,
+        "settings": o.settings,
         "forward_seconds": o.forward_seconds,
         "bench": o.bench,
         "modules": modules,
