@@ -18,7 +18,7 @@ pub struct Knobs {
     pub indexer_always: bool,
     /// `GLMCHECK_DENSE=decode|tiled`: every dense matmul decode-then-GEMM, or through the grouped
     /// kernel's tiles, whatever the token count; `wgmma|wgmma64`: past 32 tokens through the wgmma
-    /// kernel (`wgmma_cuda`) at 128 or 64 tokens a block.
+    /// kernel (`wgmma_cuda`), 128 tokens a block past 64 tokens or 64 always.
     pub dense: Option<String>,
     /// `GLMCHECK_DEQUANT_EXPERTS`: `batched` (decode-then-GEMM), `smem`, `one`, `direct`,
     /// `direct8`, `directh`, `runsb` (another tiled kernel).
@@ -50,7 +50,7 @@ pub const TABLE: &[(&str, &str)] = &[
     ("GLMCHECK_FUSED", "off / no-norm: candle's chains instead of the fused CUDA kernels, or all but the fused RMSNorm"),
     ("GLMCHECK_COPY16", "off: candle's copies instead of the 16-byte ones (attention's output, MLA's keys/values)"),
     ("GLMCHECK_INDEXER", "always: compute the DSA indexer even where nothing reads it (transformers' work)"),
-    ("GLMCHECK_DENSE", "decode / tiled / wgmma / wgmma64: every dense matmul decode-then-GEMM, or through the grouped kernel; or past 32 tokens through the Hopper wgmma kernel, 128 or 64 tokens a block (not yet run on a GPU)"),
+    ("GLMCHECK_DENSE", "decode / tiled / wgmma / wgmma64: every dense matmul decode-then-GEMM, or through the grouped kernel; or past 32 tokens through the Hopper wgmma kernel, 128 tokens a block past 64 (wgmma) or 64 always (wgmma64) (not yet run on a GPU)"),
     ("GLMCHECK_DEQUANT_EXPERTS", "batched / smem / one / direct / direct8 / directh / runsb: another experts kernel"),
     ("GLMCHECK_DEQUANT_TILE", "8 / 16 / 32: the experts' register kernel in one launch at that width"),
     ("GLMCHECK_Q8_EXPERTS", "mmq: candle's MMQ kernels for q8 mode's experts"),

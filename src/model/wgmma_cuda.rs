@@ -52,14 +52,21 @@ impl WgmmaTile {
     }
 }
 
-/// The tile `GLMCHECK_DENSE` asks a dense matmul of `t` tokens to take on the wgmma kernel:
-/// `wgmma` the wide one, `wgmma64` the narrow one, past [`DENSE_TILED_TOKENS`] tokens (up to
-/// there the register kernel decodes each weight once anyway); `None` otherwise.
+/// The tile `GLMCHECK_DENSE` asks a dense matmul of `t` tokens to take on the wgmma kernel, past
+/// [`DENSE_TILED_TOKENS`] tokens (up to there the register kernel decodes each weight once
+/// anyway): `wgmma` the wide one, or the narrow one up to 64 tokens (a 128-token tile would be
+/// half padding); `wgmma64` the narrow one. `None` otherwise.
 pub(crate) fn dense_wgmma_tile(t: usize) -> Option<WgmmaTile> {
+    wgmma_tile_for(super::knobs::knobs().dense.as_deref(), t)
+}
+
+/// [`dense_wgmma_tile`] for the setting `dense`.
+fn wgmma_tile_for(dense: Option<&str>, t: usize) -> Option<WgmmaTile> {
     if t <= DENSE_TILED_TOKENS {
         return None;
     }
-    match super::knobs::knobs().dense.as_deref() {
+    match dense {
+        Some("wgmma") if t <= 64 => Some(WgmmaTile::Narrow),
         Some("wgmma") => Some(WgmmaTile::Wide),
         Some("wgmma64") => Some(WgmmaTile::Narrow),
         _ => None,

@@ -165,10 +165,23 @@ fn the_wgmma_dense_kernel_equals_decode_then_matmul() -> Result<()> {
     Ok(())
 }
 
-/// `GLMCHECK_DENSE` routes only past the register kernel's 32 tokens.
+/// `GLMCHECK_DENSE` routes only past the register kernel's 32 tokens; `wgmma` takes the narrow
+/// tile up to 64 tokens and the wide one past them, `wgmma64` the narrow one; other values none.
 #[test]
-fn the_wgmma_route_starts_past_one_tile() {
-    for t in [1, 16, DENSE_TILED_TOKENS] {
-        assert_eq!(dense_wgmma_tile(t), None, "{t} tokens");
+fn the_wgmma_route_starts_past_one_tile_and_fits_its_tile_to_the_tokens() {
+    for dense in [Some("wgmma"), Some("wgmma64"), Some("decode"), None] {
+        for t in [1, 16, DENSE_TILED_TOKENS] {
+            assert_eq!(wgmma_tile_for(dense, t), None, "{dense:?} {t} tokens");
+        }
     }
+    let narrow = Some(WgmmaTile::Narrow);
+    assert_eq!(
+        wgmma_tile_for(Some("wgmma"), DENSE_TILED_TOKENS + 1),
+        narrow
+    );
+    assert_eq!(wgmma_tile_for(Some("wgmma"), 64), narrow);
+    assert_eq!(wgmma_tile_for(Some("wgmma"), 65), Some(WgmmaTile::Wide));
+    assert_eq!(wgmma_tile_for(Some("wgmma64"), 256), narrow);
+    assert_eq!(wgmma_tile_for(Some("tiled"), 256), None);
+    assert_eq!(wgmma_tile_for(None, 256), None);
 }
