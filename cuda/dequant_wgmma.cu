@@ -21,8 +21,8 @@
 // chunk, SBO 4096 between groups of 8 tokens) with the register kernel's permuted k order inside
 // each 16-value chunk (logical k 2t, 2t+1, 2t+8, 2t+9 are physical 4t..4t+3: core matrix 0 of a
 // chunk holds its even words, core matrix 1 its odd ones), so that a stage is one contiguous copy
-// and the A fragments need no shuffle. A step's 16 chunks go as two groups of 8 wgmmas
-// (m64nWNk16): the second half is decoded while the first half's wgmmas run.
+// and the A fragments need no shuffle. A step's 16 chunks go as four groups of 4 wgmmas
+// (m64nWNk16): each quarter decoded while the quarters before it run (wg_step).
 //
 // Built by build.rs with `-gencode arch=compute_90a,code=sm_90a` (and -DGLMCHECK_WGMMA) when
 // CUDA_COMPUTE_CAP is 90; for another GPU the launcher answers "no kernel" (1) and glmcheck keeps
@@ -73,9 +73,9 @@ template <int N> __device__ __forceinline__ void wg_hold(float (&d)[N]) {
 }
 // The A fragments are fully written before the wgmma.fence that precedes their wgmmas (the
 // fence's "memory" clobber orders memory, not registers; CUTLASS fences the operands the same way).
-__device__ __forceinline__ void wg_hold_a(uint32_t (&a)[8][4]) {
+template <int N> __device__ __forceinline__ void wg_hold_a(uint32_t (&a)[N][4]) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < N; ++j) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             asm volatile("" : "+r"(a[j][k])::"memory");
@@ -140,14 +140,15 @@ template <> __device__ __forceinline__ void wgmma_rs<half, 64>(float (&d)[32], c
 #undef GLMCHECK_WGMMA_N128
 #undef GLMCHECK_WGMMA_N64
 
-// Half H of a step (its chunks 8H..8H+7, k 128H..128H+127) decoded into A fragments, a[j] the
-// chunk 8H + j (m16n8k16's A layout, the permuted k order).
-template <int H, int T, bool ALIGNED, bool FMA1, bool H16, typename C>
-__device__ __forceinline__ void wg_decode_half(const uint8_t * const (&b)[2], const float * const (&rs)[2], int t,
-                                               uint32_t (&a)[8][4]) {
+// Part P of a step's NP parts (its chunks: k in [P·256/NP, (P+1)·256/NP)) decoded into A
+// fragments, a[j] the part's chunk j (m16n8k16's A layout, the permuted k order).
+template <int P, int NP, int T, bool ALIGNED, bool FMA1, bool H16, typename C>
+__device__ __forceinline__ void wg_decode_part(const uint8_t * const (&b)[2], const float * const (&rs)[2], int t,
+                                               uint32_t (&a)[16 / NP][4]) {
+    constexpr int KP = KS / NP;
     dq_decode<T, ALIGNED, FMA1, H16>(b, rs, t, [&](const float (&v)[2][4], int k0) {
-        if (k0 / 128 == H) { // a compile-time test once unrolled: the other half's decoding is dead
-            const int j = (k0 % 128) / 16;
+        if (k0 / KP == P) { // a compile-time test once unrolled: the other parts' decoding is dead
+            const int j = (k0 % KP) / 16;
             a[j][0] = pack2<C>(v[0][0], v[0][1]);
             a[j][1] = pack2<C>(v[1][0], v[1][1]);
             a[j][2] = pack2<C>(v[0][2], v[0][3]);
@@ -156,29 +157,39 @@ __device__ __forceinline__ void wg_decode_half(const uint8_t * const (&b)[2], co
     });
 }
 
-// One step of one warpgroup: both halves decoded and issued (the second decoded while the first's
-// wgmmas run); the caller waits for them before their stage is overwritten.
+// Parts P.. of a step: each decoded into registers of its own and issued as one wgmma group, the
+// next part decoded while the groups before it run. No wait in between (every part has its own
+// registers); the caller waits for them all before their stage is overwritten.
+template <int P, int NP, int T, bool ALIGNED, bool FMA1, bool H16, typename C, int WN>
+__device__ __forceinline__ void wg_parts(const uint8_t * const (&b)[2], const float * const (&rs)[2], int t, uint32_t xs,
+                                         float (&acc)[WN / 2]) {
+    if constexpr (P < NP) {
+        uint32_t a[16 / NP][4];
+        wg_decode_part<P, NP, T, ALIGNED, FMA1, H16, C>(b, rs, t, a);
+        wg_hold_a(a);
+        if constexpr (P == 0) {
+            wg_hold(acc); // no wgmma in flight yet: the step began with a wait
+        }
+        wg_fence();
+#pragma unroll
+        for (int j = 0; j < 16 / NP; ++j) {
+            wgmma_rs<C, WN>(acc, a[j], wg_desc(xs + 2 * CM * (16 / NP * P + j)));
+        }
+        wg_commit();
+        wg_parts<P + 1, NP, T, ALIGNED, FMA1, H16, C, WN>(b, rs, t, xs, acc);
+    }
+}
+
+// One step of one warpgroup in WG_PARTS groups of wgmmas. The block meets and waits for every
+// group at each step's start (the stage they read is then rewritten), so the tensor pipe idles for
+// the scales and the first part's decoding: four parts make that a quarter of a step's decoding
+// where two made it half. (Keeping a group in flight across the step boundary instead made ptxas
+// serialize every wgmma, C7513: the next step's copies reused the in-flight groups' registers.)
+constexpr int WG_PARTS = 4;
 template <int T, bool ALIGNED, bool FMA1, bool H16, typename C, int WN>
 __device__ __forceinline__ void wg_step(const uint8_t * const (&b)[2], const float * const (&rs)[2], int t, uint32_t xs,
                                         float (&acc)[WN / 2]) {
-    uint32_t a0[8][4], a1[8][4];
-    wg_decode_half<0, T, ALIGNED, FMA1, H16, C>(b, rs, t, a0);
-    wg_hold_a(a0);
-    wg_hold(acc);
-    wg_fence();
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        wgmma_rs<C, WN>(acc, a0[j], wg_desc(xs + 2 * CM * j));
-    }
-    wg_commit();
-    wg_decode_half<1, T, ALIGNED, FMA1, H16, C>(b, rs, t, a1);
-    wg_hold_a(a1);
-    wg_fence();
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        wgmma_rs<C, WN>(acc, a1[j], wg_desc(xs + 2 * CM * (8 + j)));
-    }
-    wg_commit();
+    wg_parts<0, WG_PARTS, T, ALIGNED, FMA1, H16, C, WN>(b, rs, t, xs, acc);
 }
 #endif
 
