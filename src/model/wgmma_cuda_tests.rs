@@ -165,6 +165,74 @@ fn the_wgmma_dense_kernel_equals_decode_then_matmul() -> Result<()> {
     Ok(())
 }
 
+/// One-hot tokens: token i is e_{k(i)}, so y[i][r] is exactly the decoded weight W[r][k(i)] rounded
+/// to the dtype (one product, the rest zeros): bit for bit, for Q8_0 (unaligned rows) and Q4_K
+/// (aligned, the f16 decode), both tiles. On a mismatch it names, for the first bad tokens, which
+/// column the kernel read instead (another k: the descriptor or the k permutation; another token's:
+/// the token layout) or how many rows are off (the fragment or row layout), so a first run on a GPU
+/// says what is wrong, not only that something is.
+#[test]
+fn the_wgmma_kernel_reads_one_hot_tokens_exactly() -> Result<()> {
+    let Some(dev) = hopper() else {
+        return Ok(());
+    };
+    let (out, inp, t) = (256usize, 768usize, 130usize);
+    let w = (Tensor::randn(0f32, 1.0, (out, inp), &Device::Cpu)? * 0.05)?;
+    let ks: Vec<usize> = (0..t).map(|i| (i * 37 + 5) % inp).collect();
+    let mut onehot = vec![0f32; t * inp];
+    for (i, &k) in ks.iter().enumerate() {
+        onehot[i * inp + k] = 1.0;
+    }
+    let x = Tensor::from_vec(onehot, (t, inp), &dev)?;
+    for qt in [GgmlDType::Q8_0, GgmlDType::Q4K] {
+        let q = QTensor::quantize_onto(&w, qt, &dev)?;
+        for dtype in [DType::BF16, DType::F16] {
+            let wd: Vec<Vec<f32>> = q
+                .dequantize(&dev)?
+                .to_dtype(dtype)?
+                .to_dtype(DType::F32)?
+                .to_vec2()?;
+            let column = |k: usize| -> Vec<f32> { wd.iter().map(|row| row[k]).collect() };
+            for tile in [WgmmaTile::Wide, WgmmaTile::Narrow] {
+                let got: Vec<Vec<f32>> = dense_wgmma(&q, &x.to_dtype(dtype)?, tile)?
+                    .expect("taken")
+                    .to_dtype(DType::F32)?
+                    .to_vec2()?;
+                let mut findings = Vec::new();
+                for (i, &k) in ks.iter().enumerate() {
+                    if got[i] == column(k) {
+                        continue;
+                    }
+                    let read = (0..inp).find(|&k2| got[i] == column(k2));
+                    findings.push(match read {
+                        Some(k2) => match ks.iter().position(|&kj| kj == k2) {
+                            Some(j) => format!("token {i} (k {k}) holds token {j}'s column (k {k2})"),
+                            None => format!("token {i}: k {k} read as k {k2} (k mod 16: {} -> {})", k % 16, k2 % 16),
+                        },
+                        None => {
+                            let off: Vec<usize> =
+                                (0..out).filter(|&r| got[i][r] != wd[r][k]).collect();
+                            format!(
+                                "token {i} (k {k}): {} of {out} rows off, first {:?} (row mod 16 {:?})",
+                                off.len(),
+                                &off[..off.len().min(6)],
+                                off.iter().take(6).map(|r| r % 16).collect::<Vec<_>>()
+                            )
+                        }
+                    });
+                }
+                assert!(
+                    findings.is_empty(),
+                    "{qt:?} {dtype:?} {tile:?}: {} of {t} tokens wrong; {}",
+                    findings.len(),
+                    findings[..findings.len().min(8)].join("; ")
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `GLMCHECK_DENSE` routes only past the register kernel's 32 tokens; `wgmma` takes the narrow
 /// tile up to 64 tokens and the wide one past them, `wgmma64` the narrow one; other values none.
 #[test]
