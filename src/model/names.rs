@@ -165,14 +165,15 @@ pub(crate) mod order {
 
     /// Whether `key` is one of the timeline's marks.
     pub(crate) fn timeline_mark(key: &str) -> bool {
-        if TIMELINE_ROOT.contains(&key) {
-            return true;
-        }
-        let Some(rest) = key.strip_prefix("model.layers.") else {
-            return false;
-        };
-        let (n, within) = rest.split_once('.').unwrap_or((rest, ""));
-        n.parse::<usize>().is_ok() && TIMELINE_LAYER.contains(&within)
+        TIMELINE_ROOT.contains(&key)
+            || in_layer(key).is_some_and(|(_, within)| TIMELINE_LAYER.contains(&within))
+    }
+
+    /// `model.layers.N.rest` → (N, `rest`; "" for the layer's own output).
+    fn in_layer(key: &str) -> Option<(usize, &str)> {
+        let tail = key.strip_prefix("model.layers.")?;
+        let (n, rest) = tail.split_once('.').unwrap_or((tail, ""));
+        Some((n.parse().ok()?, rest))
     }
 
     /// A sort key in that order: (part, layer, position in the part). Keys outside it sort last.
@@ -183,18 +184,15 @@ pub(crate) mod order {
                     .strip_prefix(e)
                     .is_some_and(|t| t.starts_with('.') || t.starts_with('#'))
         };
-        if let Some(tail) = key.strip_prefix("model.layers.") {
-            let (n, rest) = tail.split_once('.').unwrap_or((tail, ""));
-            if let Ok(n) = n.parse::<usize>() {
-                // The longest listed path the key is (under): `mlp.gate.1` under `mlp.gate`.
-                let best = LAYER
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, e)| !e.is_empty() && within(rest, e))
-                    .max_by_key(|(_, e)| e.len())
-                    .map_or(LAYER.len() - 1, |(i, _)| i);
-                return (1, n, best);
-            }
+        if let Some((n, rest)) = in_layer(key) {
+            // The longest listed path the key is (under): `mlp.gate.1` under `mlp.gate`.
+            let best = LAYER
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| !e.is_empty() && within(rest, e))
+                .max_by_key(|(_, e)| e.len())
+                .map_or(LAYER.len() - 1, |(i, _)| i);
+            return (1, n, best);
         }
         if let Some(i) = ROOT_BEFORE.iter().position(|e| within(key, e)) {
             return (0, 0, i);
