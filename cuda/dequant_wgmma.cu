@@ -32,6 +32,7 @@
 #include <cuda_fp16.h>
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
+#include <atomic>
 #include <stdint.h>
 #include <type_traits>
 
@@ -365,16 +366,31 @@ constexpr int wg_width(int variant) { return variant == 1 ? 64 : 128; }
 } // namespace
 
 // 1: this build has the kernel (sm_90a) and the current GPU is compute capability 9.0; 0: built
-// without it (another CUDA_COMPUTE_CAP); -1: the GPU is another one, or CUDA did not say.
+// without it (another CUDA_COMPUTE_CAP); -1: the GPU is another one, or CUDA did not say. A
+// device's answer is asked of CUDA once and kept: every dense matmul asks, twice (its caller and
+// glmcheck_dequant_wgmma).
 extern "C" int glmcheck_dequant_wgmma_ready() {
 #if defined(GLMCHECK_WGMMA)
+    static std::atomic<int> known[64]; // by device ordinal: 0 not asked yet
     int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess
-        || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess
-        || cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    if (cudaGetDevice(&dev) != cudaSuccess) {
         return -1;
     }
-    return major == 9 && minor == 0 ? 1 : -1;
+    const bool keep = dev >= 0 && dev < 64;
+    if (keep) {
+        if (const int k = known[dev].load(std::memory_order_relaxed)) {
+            return k;
+        }
+    }
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess
+        || cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        return -1; // not kept: CUDA may answer later
+    }
+    const int ready = major == 9 && minor == 0 ? 1 : -1;
+    if (keep) {
+        known[dev].store(ready, std::memory_order_relaxed);
+    }
+    return ready;
 #else
     return 0;
 #endif
